@@ -1,0 +1,46 @@
+"""llm-ensembling core: several local causal LMs answering as one (SAFE, SpecEM, baselines).
+
+The engine imports neither LangChain nor LlamaIndex; the adapters wrap it.
+"""
+
+from .config import Delta, GenerationConfig, Output, Stats
+from .ensemble import Ensemble
+from .errors import (
+    ChatTemplateError,
+    ContextWindowError,
+    EnsembleError,
+    InvalidConfigError,
+    InvalidMessagesError,
+    MemberError,
+    MissingWeightsError,
+    ModelLoadError,
+    ModelNotFoundError,
+    NotCausalLMError,
+    TokenizerMismatchError,
+)
+from .member import Draft, HFMember, Member
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChatTemplateError",
+    "ContextWindowError",
+    "Delta",
+    "Draft",
+    "Ensemble",
+    "EnsembleError",
+    "GenerationConfig",
+    "HFMember",
+    "InvalidConfigError",
+    "InvalidMessagesError",
+    "Member",
+    "MemberError",
+    "MissingWeightsError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NotCausalLMError",
+    "Output",
+    "Stats",
+    "TokenizerMismatchError",
+    "__version__",
+]

@@ -1,0 +1,55 @@
+"""Running a blocking generator off the event loop: async streaming that never blocks the loop.
+
+Both adapters (and `Ensemble.astream`) need this, so it lives in the core: a worker thread
+drives the generator and hands items to the loop through an asyncio queue; errors are re-raised
+in the consumer; when the consumer stops (cancelled, or breaks out), the worker stops at the next
+item and closes the generator, which releases the ensemble for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+_DONE = object()
+
+
+async def iterate_in_thread(iterator: Iterator[T]) -> AsyncIterator[T]:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+
+    def hand_over(item: object, error: BaseException | None = None) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (item, error))
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            stop.set()
+
+    def worker() -> None:
+        try:
+            for item in iterator:
+                if stop.is_set():
+                    break
+                hand_over(item)
+        except BaseException as error:  # forwarded to the consumer, raised there
+            hand_over(None, error)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+            hand_over(_DONE)
+
+    threading.Thread(target=worker, name="ensemble-stream", daemon=True).start()
+    try:
+        while True:
+            item, error = await queue.get()
+            if error is not None:
+                raise error
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()

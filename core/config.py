@@ -1,0 +1,104 @@
+"""Generation settings and what a request returns (text, finish reason, stats, events)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import InvalidConfigError
+from .events import Event
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Greedy by default; `temperature > 0` samples, reproducibly when `seed` is set."""
+
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise InvalidConfigError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}; "
+                "pass e.g. GenerationConfig(max_new_tokens=256)."
+            )
+        if self.temperature < 0:
+            raise InvalidConfigError(
+                f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}."
+            )
+        if not 0 < self.top_p <= 1:
+            raise InvalidConfigError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidConfigError(
+                f"stop must be a list of non-empty strings, got {list(self.stop)!r}."
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Stats:
+    """Per-request numbers. `tokens` counts output tokens in the committed tokenization:
+    the drafter's for `single`/`safe`, one per ensembled step for `token`, the winners' for
+    `specem`."""
+
+    tokens: int = 0
+    ensembled: int = 0
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
+    member_seconds: dict[str, float] = field(default_factory=dict)
+    member_calls: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    first_delta_seconds: float | None = None
+
+    @property
+    def ensemble_rate(self) -> float:
+        """E/T: the share of output tokens (or rounds) where members were combined."""
+        return self.ensembled / self.tokens if self.tokens else 0.0
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens": self.tokens,
+            "ensembled": self.ensembled,
+            "ensemble_rate": round(self.ensemble_rate, 6),
+            "prompt_tokens": dict(self.prompt_tokens),
+            "member_seconds": {k: round(v, 6) for k, v in self.member_seconds.items()},
+            "member_calls": dict(self.member_calls),
+            "counts": dict(self.counts),
+            "weights": {k: round(v, 6) for k, v in self.weights.items()},
+            "seconds": round(self.seconds, 6),
+            "first_delta_seconds": (
+                None if self.first_delta_seconds is None else round(self.first_delta_seconds, 6)
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One streamed piece: new text (possibly empty when only events happened) and the events
+    since the previous delta. The last delta carries `finish_reason` and the final `stats`."""
+
+    text: str
+    events: tuple[Event, ...] = ()
+    finish_reason: str | None = None
+    stats: Stats | None = None
+
+
+@dataclass
+class Output:
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stats: Stats
+    events: list[Event] = field(default_factory=list)

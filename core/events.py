@@ -1,0 +1,133 @@
+"""What happened during a request, as frozen dataclasses with a stable `name` and `to_dict()`.
+
+Events are the ensemble's observable behaviour: adapters forward them as LangChain custom events
+or LlamaIndex instrumentation events, benchmarks count them, users print them. `to_dict()` is
+JSON-safe (only str, int, float, bool, None, lists and dicts) so they can cross any boundary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Event:
+    name: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: _json_safe(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {"name": self.name, **data}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Drafted(Event):
+    """A member drafted tokens ahead of the committed text (SAFE's drafter)."""
+
+    name: ClassVar[str] = "draft"
+    member: str
+    position: int  # output token index where the draft starts
+    tokens: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenEnsembled(Event):
+    """Every-token ensembling chose the next piece of text (method `token`)."""
+
+    name: ClassVar[str] = "token_ensembled"
+    position: int
+    chosen: str
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EnsemblePoint(Event):
+    """SAFE ensembled at a drafted position: the drafted token was checked and maybe replaced."""
+
+    name: ClassVar[str] = "ensemble_point"
+    position: int
+    drafted: str
+    chosen: str
+    top: list[tuple[str, float]] = field(default_factory=list)
+    sharpened: bool = False
+
+
+@dataclass(frozen=True)
+class SkipMismatch(Event):
+    """SAFE did not ensemble at a position: the previous token is OOV-like for a member."""
+
+    name: ClassVar[str] = "skip_mismatch"
+    position: int
+    member: str
+
+
+@dataclass(frozen=True)
+class SkipConsensus(Event):
+    """SAFE did not ensemble at a position: the members already agree on the drafted token."""
+
+    name: ClassVar[str] = "skip_consensus"
+    position: int
+
+
+@dataclass(frozen=True)
+class SegmentCandidates(Event):
+    """SpecEM: each drafter's candidate segment for this round."""
+
+    name: ClassVar[str] = "segment_candidates"
+    round: int
+    candidates: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SegmentSelected(Event):
+    """SpecEM: the winning segment, every verifier's normalised scores and the voting weights."""
+
+    name: ClassVar[str] = "segment_selected"
+    round: int
+    winner: str
+    text: str
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightsUpdated(Event):
+    """SpecEM online feedback moved the voting weights."""
+
+    name: ClassVar[str] = "weights_updated"
+    round: int
+    weights: dict[str, float] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemberFailed(Event):
+    name: ClassVar[str] = "member_failed"
+    member: str
+    error: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    Drafted,
+    TokenEnsembled,
+    EnsemblePoint,
+    SkipMismatch,
+    SkipConsensus,
+    SegmentCandidates,
+    SegmentSelected,
+    WeightsUpdated,
+    MemberFailed,
+)

@@ -1,0 +1,197 @@
+"""Loading one member's model and tokenizer from a local directory or a hub id, with clear errors.
+
+This is the same `from_pretrained` path users take with real models; the shipped testbed models
+are just local directories. Two traps are handled here: safetensors/`trust_remote_code=False` by
+default, and transformers 5's habit of re-wrapping `tokenizer.json` in a model family's own
+tokenizer pipeline (for `qwen2` directories), which silently changes token ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from .errors import (
+    MissingWeightsError,
+    ModelNotFoundError,
+    NotCausalLMError,
+    TokenizerMismatchError,
+)
+
+_TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(
+            f"device {device!r} is not a torch device; use 'auto', 'cpu', 'cuda' or 'cuda:N'."
+        ) from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for CUDA but no GPU is visible; use 'cpu'.")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(
+            f"dtype {dtype!r} is not a torch dtype; use 'auto', 'float32', 'bfloat16' or 'float16'."
+        )
+    return resolved
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return not _HUB_ID.match(spec) or os.path.exists(spec)
+
+
+def check_model_source(spec: str | os.PathLike, use_safetensors: bool = True) -> str:
+    """Fail early, with the fix in the message, for the mistakes users actually make."""
+    spec = os.fspath(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"{spec!r} is a directory but has no config.json; point to the directory that "
+                "holds the model's config.json and weights (what save_pretrained writes)."
+            )
+        patterns = ["*.safetensors"] if use_safetensors else ["*.safetensors", "*.bin"]
+        if not any(any(path.glob(p)) for p in patterns):
+            extra = " (only .bin found: pass use_safetensors=False to allow it)" * bool(
+                list(path.glob("*.bin"))
+            )
+            raise MissingWeightsError(
+                f"{spec!r} has a config.json but no model weights (*.safetensors){extra}; "
+                "copy the weights next to config.json or save the model with save_pretrained."
+            )
+        return str(path)
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(
+            f"model path {spec!r} does not exist; pass an existing local directory (with "
+            "config.json and weights) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
+    return spec  # a hub id: from_pretrained resolves it (from the local cache when offline)
+
+
+# Encoder families that transformers can wrap in a causal head only when configured as decoders.
+_ENCODERS = {"bert", "roberta", "xlm-roberta", "electra", "camembert", "ernie", "megatron-bert"}
+
+
+def _is_causal(config, causal_types) -> bool:
+    if config.model_type not in causal_types:
+        return False
+    architectures = getattr(config, "architectures", None) or []
+    if architectures:
+        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+    return config.model_type not in _ENCODERS or bool(getattr(config, "is_decoder", False))
+
+
+def load_config(source: str):
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ModelNotFoundError(
+            f"could not load a model config for {source!r} ({error}). For a hub id, check the "
+            "spelling and that it is in the local cache when offline (HF_HUB_OFFLINE=1); or "
+            "pass a local directory."
+        ) from error
+    if not _is_causal(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        raise NotCausalLMError(
+            f"{source!r} is a {config.model_type!r} model, which is not a causal (decoder-only) "
+            "language model; ensembling needs models that generate text token by token, e.g. "
+            "Llama, Qwen2, GPT-2, Mistral or Gemma checkpoints."
+        )
+    return config
+
+
+def load_model(
+    source: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    use_safetensors: bool = True,
+    attn_implementation: str | None = None,
+):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as error:
+        raise MissingWeightsError(
+            f"could not load weights for {source!r} ({error}); check the weight files, or pass "
+            "use_safetensors=False for a checkpoint that only has .bin files."
+        ) from error
+    return model.to(device).eval()
+
+
+def _raw_tokenizer_file(source: str) -> str | None:
+    local = Path(source) / "tokenizer.json"
+    if local.is_file():
+        return str(local)
+    try:
+        from transformers.utils.hub import cached_file
+
+        return cached_file(
+            source,
+            "tokenizer.json",
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except OSError:
+        return None
+
+
+def load_tokenizer(source: str):
+    """AutoTokenizer, verified against the raw tokenizer.json (falls back to the plain fast
+    tokenizer when a family-specific class re-wrapped the file and changed the ids)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ModelNotFoundError(f"could not load a tokenizer for {source!r} ({error}).") from error
+    raw_path = _raw_tokenizer_file(source)
+    if raw_path is None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise TokenizerMismatchError(
+                f"{source!r} has only a slow tokenizer; ensembling needs a fast tokenizer "
+                "(tokenizer.json). Convert it once with AutoTokenizer(...).save_pretrained()."
+            )
+        return tokenizer
+    expected = Tokenizer.from_file(raw_path).encode(_TOKENIZER_PROBE, add_special_tokens=False).ids
+
+    def matches(tok) -> bool:
+        return tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] == expected
+
+    if matches(tokenizer):
+        return tokenizer
+    fallback = PreTrainedTokenizerFast.from_pretrained(source)
+    if matches(fallback):
+        return fallback
+    raise TokenizerMismatchError(
+        f"the tokenizer loaded for {source!r} does not reproduce its own tokenizer.json; "
+        "re-save the tokenizer with save_pretrained from the library version that made it."
+    )

@@ -1,0 +1,58 @@
+"""Methods by name. Each module defines one `Method` subclass and exports it as `METHOD`."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from ..errors import InvalidConfigError
+from .base import Commit, Method, Request
+
+METHOD_NAMES = ("single", "token", "safe", "specem")
+
+
+def method_class(name: str) -> type[Method]:
+    if name not in METHOD_NAMES:
+        raise InvalidConfigError(
+            f"unknown method {name!r}; use one of {', '.join(map(repr, METHOD_NAMES))}."
+        )
+    try:
+        module = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as error:
+        raise InvalidConfigError(f"method {name!r} is not available in this build") from error
+    return module.METHOD
+
+
+def check_method(name: str, n_members: int, options: dict) -> type[Method]:
+    """Everything about a method choice that can be checked before loading any model."""
+    cls = method_class(name)
+    accepted = [
+        p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "members")
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise InvalidConfigError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for method {name!r}; its "
+            f"options are: {', '.join(accepted) or '(none)'}."
+        )
+    if n_members < cls.min_members:
+        raise InvalidConfigError(
+            f"method {name!r} combines models and needs at least {cls.min_members} members, "
+            f"got {n_members}; pass more models, or use method='single'."
+        )
+    return cls
+
+
+def build_method(name: str, members, options: dict) -> Method:
+    return check_method(name, len(members), options)(members, **options)
+
+
+__all__ = [
+    "METHOD_NAMES",
+    "Commit",
+    "Method",
+    "Request",
+    "build_method",
+    "check_method",
+    "method_class",
+]

@@ -1,0 +1,93 @@
+"""Ensembling at every token (UniTE / GaC): the baseline SAFE is measured against.
+
+Every step, every member gives its next-token distribution after the committed text (in its own
+canonical tokenization), the distributions are aligned on candidate strings (UniTE: union of the
+top-k; GaC: union of the full vocabularies), averaged, and the chosen string is appended to the
+text. Members whose tokens do not end where the chosen string ends are then fed a partial word:
+the "OOV-like" tokenization that makes every-token ensembling degrade on long outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from ..aggregate import AGGREGATIONS, combine
+from ..events import TokenEnsembled
+from ..vocab import EOS, UnionVocab, unite_union
+from .base import Commit, Method, Request, check_choice
+
+AGGREGATORS = ("unite", "gac")
+
+
+class Aligner:
+    """Next-token distributions of several members -> probabilities over shared strings."""
+
+    def __init__(self, members, aggregator: str, top_k: int) -> None:
+        check_choice("aggregator", aggregator, AGGREGATORS)
+        self.members = members
+        self.aggregator = aggregator
+        self.top_k = top_k
+        self._union: UnionVocab | None = None
+
+    def align(self, logprobs: Sequence[torch.Tensor]):
+        vocabs = [m.vocab for m in self.members]
+        stops = [m.stop_ids for m in self.members]
+        if self.aggregator == "unite":
+            return unite_union(vocabs, stops, logprobs, k=self.top_k)
+        if self._union is None:  # built once: GaC's union of full vocabularies
+            self._union = UnionVocab(vocabs, stops)
+        return self._union.align(logprobs)
+
+
+def top_candidates(strings: list[str], probs: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
+    values, index = torch.topk(probs, min(k, probs.shape[0]))
+    return [(strings[i], float(v)) for v, i in zip(values.tolist(), index.tolist(), strict=True)]
+
+
+class TokenEnsemble(Method):
+    name = "token"
+    min_members = 2
+
+    def __init__(
+        self,
+        members,
+        aggregator: str = "unite",
+        top_k: int = 10,
+        aggregation: str = "arithmetic",
+        weights: Sequence[float] | None = None,
+    ) -> None:
+        super().__init__(members)
+        check_choice("aggregation", aggregation, AGGREGATIONS)
+        self.aligner = Aligner(self.members, aggregator, top_k)
+        self.aggregation = aggregation
+        self.weights = list(weights) if weights is not None else None
+
+    def run(self, request: Request) -> Iterator[Commit]:
+        position = 0
+        while request.remaining > 0:
+            rows = []
+            for member in self.members:
+                member.sync(request.text)
+                rows.append(member.logprobs([member.n_tokens])[0])
+            aligned = self.aligner.align(rows)
+            probs = combine(aligned.probs, self.aggregation, self.weights)
+            chosen = aligned.strings[request.sampler.pick_probs(probs)]
+            request.stats.ensembled += 1
+            request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
+            position += 1
+            if chosen == EOS:
+                yield Commit("", 1, "stop")  # the stop token is a generated token
+                return
+            yield Commit(chosen, 1)
+
+    def summary(self) -> dict:
+        return {
+            **super().summary(),
+            "aggregator": self.aligner.aggregator,
+            "aggregation": self.aggregation,
+        }
+
+
+METHOD = TokenEnsemble

@@ -1,0 +1,44 @@
+"""Stop strings with OpenAI semantics, for streams.
+
+The output ends just before the first stop string; text that might be the start of a stop string
+is held back until the next piece shows it is not, so a partial stop string is never streamed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopFilter:
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """The part of `held + text` that is safe to emit now."""
+        if self.stopped:
+            return ""
+        buffer = self.held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.held = True, ""
+            return buffer[: min(hits)]
+        keep = self._partial_suffix(buffer)
+        self.held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        """At the end of generation nothing more can complete a stop string."""
+        held, self.held = self.held, ""
+        return held
+
+    def _partial_suffix(self, buffer: str) -> int:
+        """Length of the longest suffix of buffer that is a proper prefix of a stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buffer)), best, -1):
+                if buffer.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

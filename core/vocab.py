@@ -1,0 +1,284 @@
+"""Token ids as exact surface bytes, the same way for every tokenizer family.
+
+The ensemble's shared state is text, so each member must be able to say exactly which bytes each
+of its tokens spells: GPT-2 style byte-level tokens (`Ġ` for a space, `Ċ` for a newline),
+SentencePiece tokens (`▁` for a space, `<0x0A>` byte fallback), plain tokens, and control tokens
+that spell nothing. The table is derived from the tokenizer's own decoder description, never from
+hard-coded ids, and the per-family quirk of a "dummy prefix" space is detected by probing.
+
+Alignment across members lives here too: UniTE's top-k union and GaC's full-vocabulary union map
+each member's next-token distribution onto one list of candidate strings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+EOS = "<EOS>"  # the one candidate string that stands for "stop" in every member's vocabulary
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_CUT_PROBES = (
+    "Tom has 7 apples. He buys 5 more.\nThen 7 + 5 = 12  and  12 - 3 = 9.\tThe answer is 9.",
+    "Hello world, a test:  double  spaces,\n\nnew lines, caf\u00e9 \u00fcn\u00efc\u00f8de \u2603.",
+    "x = [1, 2, 3]; print(x)  # done\n    indented line\r\nwindows\x0bv\x0cf end\n",
+)
+
+
+@lru_cache(maxsize=1)
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable-unicode alphabet for the 256 bytes, inverted."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    )
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+def _decoder_steps(tokenizer) -> list[dict]:
+    spec = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder")
+    if spec is None:
+        return []
+    return spec["decoders"] if spec.get("type") == "Sequence" else [spec]
+
+
+def _token_bytes(token: str, steps: list[dict], tokenizer) -> bytes:
+    """Apply a tokenizer's decoder steps to ONE token, as if it stood in the middle of a text."""
+    value: str | bytes = token
+    for step in steps:
+        kind = step.get("type")
+        if isinstance(value, bytes):
+            break
+        if kind == "ByteLevel":
+            table = _byte_level_decoder()
+            if all(c in table for c in value):
+                value = bytes(table[c] for c in value)
+        elif kind == "ByteFallback":
+            match = _BYTE_TOKEN.match(value)
+            if match:
+                value = bytes([int(match.group(1), 16)])
+        elif kind == "Replace":
+            pattern = step["pattern"]
+            if "String" in pattern:
+                value = value.replace(pattern["String"], step["content"])
+            else:
+                value = re.sub(pattern["Regex"], step["content"], value)
+        elif kind == "Metaspace":
+            value = value.replace(step.get("replacement", "\u2581"), " ")
+        elif kind == "BPEDecoder":
+            suffix = step.get("suffix", "</w>")
+            if value.endswith(suffix):
+                value = value[: -len(suffix)] + " "
+        elif kind in ("Fuse", "Strip"):
+            # Fuse joins tokens; a Strip after it only trims the start of a whole text (the dummy
+            # prefix), which `Vocab.dummy_prefix` handles. Per token, both are no-ops.
+            continue
+        else:  # unknown decoder: trust the library on this one token
+            return tokenizer.backend_tokenizer.decoder.decode([token]).encode("utf-8")
+    return value if isinstance(value, bytes) else value.encode("utf-8")
+
+
+def _utf8_or_none(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+_ASCII_SPACE = frozenset(b" \t\n\r\x0b\x0c")
+
+
+def is_cut(data: bytes, i: int, starters: frozenset[int] = _ASCII_SPACE) -> bool:
+    """A byte offset where canonical tokenization can restart: the start of a whitespace run.
+
+    Every family we know pre-tokenizes so that no token crosses the start of a whitespace run
+    that follows a non-space character. Which whitespace bytes may start a cut is probed per
+    tokenizer (`Vocab.cut_starters`): a dummy-prefix tokenizer, say, allows a space but not a
+    newline. The character before the cut must not be whitespace of any kind.
+    """
+    if i <= 0 or i >= len(data):
+        return True
+    if data[i] not in starters:
+        return False
+    j = i - 1
+    while j > 0 and i - j < 4 and 0x80 <= data[j] < 0xC0:  # back to the previous char's start
+        j -= 1
+    previous = data[j:i].decode("utf-8", errors="replace")
+    return not previous.isspace()
+
+
+class Vocab:
+    """One tokenizer, seen as token id -> exact bytes, plus canonical encoding of text."""
+
+    def __init__(self, tokenizer, model_vocab_size: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.size = max(len(tokenizer), model_vocab_size or 0)
+        steps = _decoder_steps(tokenizer)
+        special = set(tokenizer.all_special_ids)
+        special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        self.special_ids: frozenset[int] = frozenset(special)
+        id_to_token = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        self.token_bytes: list[bytes] = [b""] * self.size
+        self.strings: list[str | None] = [None] * self.size
+        for i, token in enumerate(id_to_token):
+            if token is None or i in special:
+                continue
+            data = _token_bytes(token, steps, tokenizer)
+            self.token_bytes[i] = data
+            self.strings[i] = _utf8_or_none(data)
+        # A string spelled by several ids (a byte-fallback twin of a normal token, say) maps to
+        # the first id the tokenizer itself would produce for it.
+        self.string_to_id: dict[str, int] = {}
+        for i, s in enumerate(self.strings):
+            if s and s not in self.string_to_id:
+                self.string_to_id[s] = i
+        spelled = list(self.string_to_id)
+        if spelled:
+            for s, ids in zip(spelled, self._raw_encode(spelled), strict=True):
+                if len(ids) == 1 and self.strings[ids[0]] == s:
+                    self.string_to_id[s] = ids[0]
+        self.dummy_prefix = self.decode_bytes(self._raw_encode("a"), strip=False) == b" a"
+        self.cut_starters = frozenset(
+            b
+            for b in _ASCII_SPACE
+            if any(b in t.encode() for t in _CUT_PROBES)  # never seen, never trusted
+            and all(self._cuts_reproduce(t, b) for t in _CUT_PROBES)
+        )
+        self._first_id_cache: dict[str, int | None] = {}
+
+    def _raw_encode(self, text):
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
+            "input_ids"
+        ]
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical ids of a response text (control-token look-alikes stay plain text)."""
+        return self._raw_encode(text) if text else []
+
+    def decode_bytes(self, ids: Sequence[int], strip: bool = True) -> bytes:
+        data = b"".join(self.token_bytes[i] for i in ids)
+        if strip and self.dummy_prefix and data.startswith(b" "):
+            data = data[1:]
+        return data
+
+    def _cuts_reproduce(self, text: str, starter: int) -> bool:
+        """Does re-tokenizing from every cut that starts with byte `starter` give the same ids?"""
+        whole, data = self.encode(text), text.encode("utf-8")
+        for i in range(1, len(data)):
+            if data[i] == starter and is_cut(data, i):
+                head, tail = data[:i].decode("utf-8"), data[i:].decode("utf-8")
+                if self.encode(head) + self.encode(tail) != whole:
+                    return False
+        return True
+
+    def first_id(self, s: str) -> int | None:
+        """The id a member would start spelling `s` with (UniTE's rule for strings outside its
+        top-k): the token itself when `s` is one token, else the first sub-token."""
+        if s not in self._first_id_cache:
+            ids = self.encode(s)
+            dummy_only = ids and self.token_bytes[ids[0]] == b" " and len(ids) > 1
+            if self.dummy_prefix and dummy_only and not s.startswith(" "):
+                ids = ids[1:]  # a "▁" the tokenizer put in front of the string
+            self._first_id_cache[s] = self.string_to_id.get(s, ids[0] if ids else None)
+        return self._first_id_cache[s]
+
+
+# --------------------------------------------------------------------------------------------
+# Alignment: several members' next-token distributions onto one list of candidate strings.
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """Candidate strings and each member's probability for each of them: probs[m, c]."""
+
+    strings: list[str]
+    probs: torch.Tensor  # [members, candidates], float32 on CPU
+
+
+def _member_eos_logprob(vocab: Vocab, stop_ids: Sequence[int], logprobs: torch.Tensor) -> float:
+    ids = [i for i in stop_ids if i < logprobs.shape[-1]]
+    return torch.logsumexp(logprobs[ids], dim=0).item() if ids else float("-inf")
+
+
+def unite_union(
+    vocabs: Sequence[Vocab],
+    stop_ids: Sequence[Sequence[int]],
+    logprobs: Sequence[torch.Tensor],
+    k: int = 10,
+) -> Aligned:
+    """UniTE: the union of each member's top-k strings; a member's value for a string outside its
+    top-k is its log-prob of that string as one token, or of the string's first sub-token. Each
+    member is then renormalised over the union (softmax), as UniTE does."""
+    union: dict[str, None] = {}
+    for vocab, stops, lp in zip(vocabs, stop_ids, logprobs, strict=True):
+        top = torch.topk(lp, min(k, lp.shape[-1])).indices.tolist()
+        for i in top:
+            if i in stops:
+                union[EOS] = None
+            elif vocab.strings[i]:
+                union[vocab.strings[i]] = None
+    strings = list(union)
+    rows = []
+    for vocab, stops, lp in zip(vocabs, stop_ids, logprobs, strict=True):
+        lp_cpu = lp.float().cpu()
+        values = []
+        for s in strings:
+            if s == EOS:
+                values.append(_member_eos_logprob(vocab, stops, lp_cpu))
+                continue
+            i = vocab.first_id(s)
+            values.append(lp_cpu[i].item() if i is not None else float("-inf"))
+        rows.append(torch.softmax(torch.tensor(values), dim=0))
+    return Aligned(strings, torch.stack(rows))
+
+
+class UnionVocab:
+    """GaC's full-vocabulary union: every member's ids mapped onto one string index (built once
+    per ensemble; the map is a dense index tensor, so projecting a distribution is one
+    scatter_add)."""
+
+    def __init__(self, vocabs: Sequence[Vocab], stop_ids: Sequence[Sequence[int]]) -> None:
+        index: dict[str, int] = {EOS: 0}
+        self.maps: list[torch.Tensor] = []
+        for vocab, stops in zip(vocabs, stop_ids, strict=True):
+            target = torch.full((vocab.size,), -1, dtype=torch.long)
+            for i, s in enumerate(vocab.strings):
+                if s:
+                    target[i] = index.setdefault(s, len(index))
+            for i in stops:
+                if i < vocab.size:
+                    target[i] = 0
+            self.maps.append(target)
+        self.strings = list(index)
+        void = len(self.strings)  # unspellable ids (control tokens, partial bytes) land here
+        self.maps = [torch.where(m < 0, void, m) for m in self.maps]
+        self._device_maps: dict[tuple[int, str], torch.Tensor] = {}
+
+    def project(self, member: int, logprobs: torch.Tensor) -> torch.Tensor:
+        """A member's distribution as probabilities over the union strings (CPU, float32)."""
+        key = (member, str(logprobs.device))
+        if key not in self._device_maps:
+            self._device_maps[key] = self.maps[member].to(logprobs.device)
+        index = self._device_maps[key]
+        out = torch.zeros(len(self.strings) + 1, device=logprobs.device, dtype=torch.float32)
+        n = min(index.shape[0], logprobs.shape[-1])
+        out.scatter_add_(0, index[:n], logprobs.float()[:n].exp())
+        return out[:-1].cpu()
+
+    def align(self, logprobs: Sequence[torch.Tensor]) -> Aligned:
+        return Aligned(
+            self.strings, torch.stack([self.project(m, lp) for m, lp in enumerate(logprobs)])
+        )

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random-weight members on the three testbed tokenizers (structure tests,
+about a second to build) and the shipped trained models (behaviour tests)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from core import Ensemble, HFMember  # noqa: E402
+from core.testbed import MODEL_ORDER, model_paths, random_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        name: str(random_model(name, root / name, seed=i)) for i, name in enumerate(MODEL_ORDER)
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_members(tiny_dirs) -> list[HFMember]:
+    """One tiny member per tokenizer family, in testbed order (bpe, spm, word)."""
+    return [HFMember.load(tiny_dirs[name], device="cpu") for name in MODEL_ORDER]
+
+
+def _trained() -> bool:
+    return all((path / "model.safetensors").is_file() for path in model_paths())
+
+
+needs_trained = pytest.mark.skipif(
+    not _trained(), reason="shipped models not built yet: run python -m core.testbed.build"
+)
+
+
+@pytest.fixture(scope="session")
+def shipped_members() -> list[HFMember]:
+    if not _trained():
+        pytest.skip("shipped models not built yet: run python -m core.testbed.build")
+    return [HFMember.load(path, device="cpu") for path in model_paths()]
+
+
+@pytest.fixture(scope="session")
+def make_ensemble(shipped_members):
+    """Ensembles over the shipped members, sharing the loaded models between tests."""
+
+    def build(method: str, members=None, **options) -> Ensemble:
+        chosen = shipped_members if members is None else [shipped_members[i] for i in members]
+        return Ensemble(list(chosen), method, **options)
+
+    return build
