@@ -201,6 +201,16 @@ class Member(ABC):
     def reset_counters(self) -> None:
         self.calls, self.seconds = 0, 0.0
 
+    def reset(self) -> None:
+        """Forget the sequence and everything computed for it (benchmarks use this so no
+        request profits from a cache another one left behind)."""
+        self._rewind(0)
+        self._seq, self._prompt_len, self._bytes, self._ends = [], 0, b"", []
+
+    def memory_bytes(self) -> int:
+        """Bytes this member holds for the current request beyond its weights (the KV cache)."""
+        return 0
+
 
 class HFMember(Member):
     """An in-process Hugging Face causal LM with its tokenizer, device, dtype and KV cache."""
@@ -261,6 +271,18 @@ class HFMember(Member):
         return cls(name or Path(source).name or source, model, tokenizer)
 
     # --- cache and forward ----------------------------------------------------------------
+
+    def memory_bytes(self) -> int:
+        total = 0
+        for layer in getattr(self._cache, "layers", []):
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name, None)
+                if isinstance(tensor, torch.Tensor):
+                    total += tensor.numel() * tensor.element_size()
+        return total
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def _new_cache(self) -> None:
         from transformers import DynamicCache

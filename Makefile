@@ -1,0 +1,33 @@
+# Two commands: `make demo` (install + run the demo on the shipped models, offline) and
+# `make test` (install + run the whole test suite). Everything goes into .venv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# An unpinned `torch` from PyPI is a multi-GB CUDA build; pin the CPU-friendly release.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[langchain,llamaindex,bench,test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/llm-ensembling demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/llm-ensembling bench --n 20 --out bench-out
+
+clean:
+	rm -rf $(VENV) bench-out

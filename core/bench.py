@@ -1,0 +1,444 @@
+"""Benchmark: every method side by side on the same problems, in one run.
+
+Configurations are interleaved problem by problem (in a rotating order), so machine noise hits
+them all alike, and every speed number is a ratio measured in this run: time per output token
+relative to the drafter alone and to the fastest single model. Caches are reset before every
+request, so no configuration profits from a prompt another one left in a cache.
+
+Writes results.json (per configuration and per problem), results.md (the README table) and two
+PNG plots (accuracy against time per token; E/T per configuration).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import GenerationConfig
+from .ensemble import Ensemble
+from .errors import InvalidConfigError
+from .member import HFMember, Member
+from .methods import METHOD_NAMES, method_class
+
+# Random-weight shapes of real models, on the testbed tokenizers (speed only: accuracy is
+# meaningless for random weights). Keys are testbed model names.
+SHAPES: dict[str, dict[str, dict[str, int]]] = {
+    "tiny": {},
+    "1b": {  # GPT-2 large, Qwen2.5-1.5B, Llama-3.2-1B
+        "tb-gpt2-bpe": dict(hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),
+        "tb-qwen2-spm": dict(
+            hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960
+        ),
+        "tb-llama-word": dict(
+            hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192
+        ),
+    },
+    "3b": {  # GPT-2 XL, Qwen2.5-3B, Llama-3.2-3B
+        "tb-gpt2-bpe": dict(hidden_size=1600, num_layers=48, num_heads=25, intermediate_size=6400),
+        "tb-qwen2-spm": dict(
+            hidden_size=2048, num_layers=36, num_heads=16, num_kv_heads=2, intermediate_size=11008
+        ),
+        "tb-llama-word": dict(
+            hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8, intermediate_size=8192
+        ),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """Problems as (messages, checker) pairs, from the testbed or a JSONL file."""
+
+    name: str
+    items: list[tuple[list[dict], Callable[[str], bool]]]
+
+
+def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
+    if task == "arithmetic":
+        from .testbed import check_answer, make_problems
+
+        problems = make_problems(n, seed=seed, form=form, split="test")
+        return Task(
+            f"arithmetic-{form}",
+            [(p.messages, lambda text, p=p: check_answer(text, p)) for p in problems],
+        )
+    path = Path(task)
+    if not path.is_file():
+        raise InvalidConfigError(
+            f"--task {task!r} is neither 'arithmetic' nor a JSONL file of "
+            '{"prompt": ..., "answer": ...} lines.'
+        )
+    items = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "prompt" not in row or "answer" not in row:
+            raise InvalidConfigError(f"{path}:{line_no} needs 'prompt' and 'answer' fields.")
+        answer = str(row["answer"])
+        items.append(([{"role": "user", "content": row["prompt"]}], _checker(answer)))
+        if len(items) == n:
+            break
+    return Task(path.stem, items)
+
+
+def _checker(answer: str) -> Callable[[str], bool]:
+    """Numbers: the last number in the output equals the answer; text: contained, any case."""
+    try:
+        target = float(answer.replace(",", ""))
+    except ValueError:
+        return lambda text: answer.strip().lower() in text.lower()
+
+    def check(text: str) -> bool:
+        numbers = re.findall(r"-?\d[\d,]*\.?\d*", text)
+        return bool(numbers) and float(numbers[-1].replace(",", "").rstrip(".")) == target
+
+    return check
+
+
+@dataclass
+class Setup:
+    """One configuration to measure: a label, a method, its options, the members it uses."""
+
+    label: str
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    members: list[int] | None = None  # indices into the loaded members; None = all
+
+    def drafter(self, n_members: int) -> int:
+        """The member whose speed alone is this configuration's reference."""
+        chosen = self.members or list(range(n_members))
+        if self.method == "single":
+            return chosen[self.options.get("member", 0)]
+        return chosen[self.options.get("drafter", 0)] if self.method == "safe" else chosen[0]
+
+
+def parse_setups(
+    methods: Sequence[str],
+    aggregators: Sequence[str],
+    n_members: int,
+    configs: Sequence[str] = (),
+    names: Sequence[str] = (),
+) -> list[Setup]:
+    """`--methods single,token,safe,specem` expands to one single per member and one token/safe
+    per aggregator; `--config label=method:key=value,...` adds exact configurations."""
+    setups: list[Setup] = []
+    for method in methods:
+        method_class(method)  # unknown or unavailable methods fail here
+        if method == "single":
+            for i in range(n_members):
+                label = f"single {names[i] if names else i}"
+                setups.append(Setup(label, "single", {"member": i}))
+        elif method in ("token", "safe"):
+            for aggregator in aggregators:
+                setups.append(Setup(f"{method} {aggregator}", method, {"aggregator": aggregator}))
+        else:
+            setups.append(Setup(method, method))
+    for spec in configs:
+        label, _, rest = spec.partition("=")
+        method, _, opts = rest.partition(":")
+        if not label or method not in METHOD_NAMES:
+            raise InvalidConfigError(
+                f"--config {spec!r}: use label=method[:key=value,...] with a method of "
+                f"{', '.join(METHOD_NAMES)}."
+            )
+        options: dict[str, Any] = {}
+        members = None
+        for pair in filter(None, opts.split(",")):
+            key, _, value = pair.partition("=")
+            if key == "members":
+                members = [int(v) for v in value.split("+")]
+            else:
+                options[key] = _literal(value)
+        setups.append(Setup(label, method, options, members))
+    return setups
+
+
+def _literal(value: str) -> Any:
+    lowered = value.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
+    """Random-weight members of real shapes on the testbed tokenizers, built in memory on the
+    device (nothing downloaded, nothing written)."""
+    from transformers import AutoModelForCausalLM
+
+    from .loading import resolve_device, resolve_dtype
+    from .testbed import MODEL_ORDER
+    from .testbed.models import MEMBERS, MODELS_DIR, TINY, generation_config, make_config
+    from .testbed.tokenizers import load_tokenizer
+
+    if shape not in SHAPES:
+        raise InvalidConfigError(f"--shape {shape!r}: use one of {', '.join(SHAPES)}.")
+    target = resolve_device(device)
+    members = []
+    for seed, name in enumerate(MODEL_ORDER):
+        spec, tok = MEMBERS[name], load_tokenizer(MODELS_DIR / name)
+        sizes = SHAPES[shape].get(name) or {
+            k: v for k, v in TINY.items() if not (k == "num_kv_heads" and spec.model_type == "gpt2")
+        }
+        torch.manual_seed(seed)
+        with target:
+            model = AutoModelForCausalLM.from_config(
+                make_config(spec.model_type, tok, **sizes), dtype=resolve_dtype(dtype, target)
+            )
+        model.generation_config = generation_config(spec, tok)
+        members.append(HFMember(f"{name}-{shape}", model.eval(), tok))
+    return members
+
+
+@dataclass
+class Record:
+    correct: bool | None
+    tokens: int
+    ensembled: int
+    seconds: float
+    first_delta: float | None
+    memory_mb: float
+    counts: dict[str, int]
+
+
+def _run_one(
+    ensemble: Ensemble, messages: list[dict], config: GenerationConfig, check
+) -> tuple[Record, str]:
+    for member in ensemble.members:
+        member.reset()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    out = ensemble.generate(messages, config)
+    seconds = time.perf_counter() - start
+    active = ensemble.method.active
+    if torch.cuda.is_available():
+        memory = torch.cuda.max_memory_allocated() / 2**20
+    else:  # weights plus the caches as they stand at the end (they only grow within a request)
+        memory = sum(_weights(m) + m.memory_bytes() for m in active) / 2**20
+    record = Record(
+        correct=None if check is None else bool(check(out.text)),
+        tokens=out.stats.tokens,
+        ensembled=out.stats.ensembled,
+        seconds=seconds,
+        first_delta=out.stats.first_delta_seconds,
+        memory_mb=memory,
+        counts=dict(out.stats.counts),
+    )
+    return record, out.text
+
+
+def _weights(member: Member) -> int:
+    weight_bytes = getattr(member, "weight_bytes", None)
+    return weight_bytes() if weight_bytes else 0
+
+
+def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: int) -> list[dict]:
+    rows = []
+    for setup in setups:
+        rs = records[setup.label]
+        tokens = sum(r.tokens for r in rs)
+        seconds = sum(r.seconds for r in rs)
+        firsts = [r.first_delta for r in rs if r.first_delta is not None]
+        scored = [r.correct for r in rs if r.correct is not None]
+        counts: dict[str, int] = {}
+        for r in rs:
+            for key, value in r.counts.items():
+                counts[key] = counts.get(key, 0) + value
+        rows.append(
+            {
+                "label": setup.label,
+                "method": setup.method,
+                "options": setup.options,
+                "members": setup.members,
+                "problems": len(rs),
+                "accuracy": sum(scored) / len(scored) if scored else None,
+                "ensemble_rate": sum(r.ensembled for r in rs) / tokens if tokens else 0.0,
+                "tokens": tokens,
+                "tokens_per_problem": tokens / len(rs) if rs else 0.0,
+                "ms_per_token": 1000 * seconds / tokens if tokens else None,
+                "first_delta_ms": 1000 * sum(firsts) / len(firsts) if firsts else None,
+                "peak_memory_mb": max((r.memory_mb for r in rs), default=0.0),
+                "counts": counts,
+                "drafter": setup.drafter(n_members),
+            }
+        )
+    singles = {r["options"]["member"]: r for r in rows if r["method"] == "single"}
+    fastest = min((r["ms_per_token"] for r in singles.values() if r["ms_per_token"]), default=None)
+    for row in rows:
+        alone = singles.get(row["drafter"])
+        per_token = row["ms_per_token"]
+        row["ratio_to_drafter"] = (
+            per_token / alone["ms_per_token"]
+            if per_token and alone and alone["ms_per_token"]
+            else None
+        )
+        row["ratio_to_fastest_single"] = per_token / fastest if per_token and fastest else None
+    return rows
+
+
+def markdown_table(rows: list[dict], with_accuracy: bool) -> str:
+    head = ["configuration"]
+    head += ["accuracy"] if with_accuracy else []
+    head += ["E/T", "tokens/problem", "ms/token", "× drafter", "× fastest single"]
+    head += ["first delta ms", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def fmt(value, pattern: str) -> str:
+        return "–" if value is None else pattern.format(value)
+
+    for r in rows:
+        cells = [r["label"]]
+        cells += [fmt(r["accuracy"] and 100 * r["accuracy"], "{:.1f} %")] if with_accuracy else []
+        cells += [
+            fmt(100 * r["ensemble_rate"], "{:.1f} %"),
+            fmt(r["tokens_per_problem"], "{:.1f}"),
+            fmt(r["ms_per_token"], "{:.2f}"),
+            fmt(r["ratio_to_drafter"], "{:.2f}"),
+            fmt(r["ratio_to_fastest_single"], "{:.2f}"),
+            fmt(r["first_delta_ms"], "{:.0f}"),
+            fmt(r["peak_memory_mb"], "{:.1f}"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out: Path, with_accuracy: bool) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    if with_accuracy:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in rows:
+            if r["ms_per_token"] is not None and r["accuracy"] is not None:
+                ax.scatter(r["ms_per_token"], 100 * r["accuracy"])
+                ax.annotate(r["label"], (r["ms_per_token"], 100 * r["accuracy"]), fontsize=8)
+        ax.set_xlabel("wall time per output token (ms)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title("accuracy against speed")
+        fig.tight_layout()
+        paths.append(out / "accuracy_vs_time.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.barh([r["label"] for r in rows], [100 * r["ensemble_rate"] for r in rows])
+    ax.set_xlabel("ensembled positions / output tokens (E/T, %)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    paths.append(out / "ensemble_rate.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def run(
+    *,
+    setups_from: Callable[[list[str]], list[Setup]],
+    models: Sequence[str] | None,
+    task: str = "arithmetic",
+    form: str = "cot",
+    n: int = 200,
+    seed: int = 1,
+    max_new_tokens: int = 160,
+    out: str | Path = "bench-out",
+    device: str = "cpu",
+    dtype: str = "auto",
+    shape: str | None = None,
+    progress: bool = True,
+    command: str = "",
+) -> dict:
+    out = Path(out)
+    task_data = load_task(task, n, seed, form)  # bad input fails before any model loads
+    if shape is not None:
+        members = shape_members(shape, device, dtype)
+    else:
+        if not models:
+            from .testbed import model_paths
+
+            models = [str(p) for p in model_paths()]
+        members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    names = [m.name for m in members]
+    setups = setups_from(names)
+    ensembles = {
+        s.label: Ensemble(
+            [members[i] for i in (s.members or range(len(members)))], s.method, **s.options
+        )
+        for s in setups
+    }
+    with_accuracy = shape is None
+    out.mkdir(parents=True, exist_ok=True)
+    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    warm = task_data.items[0][0]
+    for ensemble in ensembles.values():  # one untimed request each: lazy inits, allocator
+        ensemble.generate(warm, GenerationConfig(max_new_tokens=8))
+    records: dict[str, list[Record]] = {s.label: [] for s in setups}
+    samples: list[dict] = []
+    items = task_data.items
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc="problems", unit="problem")
+    for index, (messages, check) in enumerate(items):
+        order = setups[index % len(setups) :] + setups[: index % len(setups)]
+        sample = {"problem": index}
+        for setup in order:
+            record, text = _run_one(
+                ensembles[setup.label], messages, config, check if with_accuracy else None
+            )
+            records[setup.label].append(record)
+            if index < 3:
+                sample[setup.label] = text
+        if index < 3:
+            samples.append(sample)
+        if bar is not None:
+            bar.update(1)
+            if with_accuracy:
+                bar.set_postfix(
+                    {
+                        s.label[
+                            :14
+                        ]: f"{100 * sum(r.correct for r in records[s.label]) / (index + 1):.0f}"
+                        for s in setups[:6]
+                    }
+                )
+    if bar is not None:
+        bar.close()
+    rows = summarise(setups, records, len(members))
+    result = {
+        "command": command,
+        "task": task_data.name,
+        "problems": len(items),
+        "max_new_tokens": max_new_tokens,
+        "device": str(members[0].device),
+        "dtype": str(members[0].dtype),
+        "shape": shape,
+        "members": names,
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+        "per_problem": {label: [asdict(r) for r in rs] for label, rs in records.items()},
+        "samples": samples,
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    table = markdown_table(rows, with_accuracy)
+    header = f"Command: `{command}`\n\n" if command else ""
+    (out / "results.md").write_text(header + table)
+    result["plots"] = [str(p) for p in plot(rows, out, with_accuracy)]
+    return result

@@ -1,0 +1,83 @@
+"""The benchmark harness end to end, through the CLI: outputs written, ratios from one run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.cli import main
+
+
+def _results(out):
+    data = json.loads((out / "results.json").read_text())
+    return data, {row["label"]: row for row in data["rows"]}
+
+
+def test_bench_writes_json_table_and_plots(tiny_dirs, tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", "--methods", "single,token", "--aggregator", "unite,gac", "--n", "3"]
+    args += ["--max-new-tokens", "12", "--out", str(out)]
+    for path in tiny_dirs.values():
+        args += ["--model", path]
+    assert main(args) == 0
+    data, rows = _results(out)
+    assert data["problems"] == 3 and data["command"].startswith("llm-ensembling bench")
+    assert set(rows) == {
+        "single tb-gpt2-bpe",
+        "single tb-qwen2-spm",
+        "single tb-llama-word",
+        "token unite",
+        "token gac",
+    }
+    singles = [rows[f"single {n}"] for n in ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")]
+    fastest = min(r["ms_per_token"] for r in singles)
+    for row in rows.values():
+        assert 0.0 <= row["accuracy"] <= 1.0
+        assert row["tokens"] == sum(p["tokens"] for p in data["per_problem"][row["label"]])
+        # ratios are computed from this run's own numbers
+        drafter = singles[row["drafter"]]
+        assert row["ratio_to_drafter"] == pytest.approx(
+            row["ms_per_token"] / drafter["ms_per_token"]
+        )
+        assert row["ratio_to_fastest_single"] == pytest.approx(row["ms_per_token"] / fastest)
+        assert row["peak_memory_mb"] > 0
+    assert all(r["first_delta_ms"] > 0 for r in singles)  # they always write something
+    assert (
+        rows["token gac"]["ensemble_rate"] == 1.0
+        and rows["single tb-gpt2-bpe"]["ensemble_rate"] == 0
+    )
+    table = (out / "results.md").read_text()
+    assert "| token gac |" in table and "× drafter" in table
+    assert (out / "accuracy_vs_time.png").stat().st_size > 0
+    assert (out / "ensemble_rate.png").stat().st_size > 0
+
+
+def test_gpu_shape_mode_runs_on_cpu(tmp_path):
+    out = tmp_path / "shape"
+    args = ["bench", "--shape", "tiny", "--device", "cpu", "--methods", "single,token"]
+    args += ["--aggregator", "gac", "--n", "2", "--max-new-tokens", "8", "--out", str(out)]
+    assert main(args) == 0
+    data, rows = _results(out)
+    assert data["shape"] == "tiny" and all(r["accuracy"] is None for r in rows.values())
+    assert "accuracy" not in (out / "results.md").read_text()
+
+
+def test_jsonl_task_with_simple_checker(tiny_dirs, tmp_path):
+    task = tmp_path / "task.jsonl"
+    task.write_text(
+        '{"prompt": "What is 2+2?", "answer": 4}\n{"prompt": "Say hi", "answer": "hi"}\n'
+    )
+    out = tmp_path / "jsonl"
+    args = ["bench", "--methods", "single", "--task", str(task), "--n", "2"]
+    args += ["--max-new-tokens", "4", "--out", str(out), "--model", tiny_dirs["tb-gpt2-bpe"]]
+    assert main(args) == 0
+    assert _results(out)[0]["task"] == "task"
+
+
+def test_bad_bench_arguments_are_clear_errors(tmp_path, capsys):
+    missing = str(tmp_path / "missing.jsonl")
+    assert main(["bench", "--methods", "single", "--task", missing, "--shape", "tiny"]) == 2
+    assert "neither 'arithmetic' nor a JSONL file" in capsys.readouterr().err
+    assert main(["bench", "--methods", "nope", "--shape", "tiny", "--n", "1"]) == 2
+    assert "unknown method 'nope'" in capsys.readouterr().err
