@@ -37,10 +37,10 @@ def _options(pairs: Sequence[str]) -> dict:
 
 
 def demo(args: argparse.Namespace) -> None:
+    from tqdm.auto import tqdm
+
     from . import Ensemble, GenerationConfig, HFMember
     from .testbed import check_answer, make_problems, model_paths
-
-    from tqdm.auto import tqdm
 
     paths = model_paths()
     members = [
@@ -117,7 +117,7 @@ def generate(args: argparse.Namespace) -> None:
 
 
 def bench(args: argparse.Namespace) -> None:
-    from .bench import parse_setups, run
+    from .bench import markdown_table, parse_setups, run
 
     methods = [m for m in args.methods.split(",") if m]
     aggregators = [a for a in args.aggregator.split(",") if a]
@@ -139,9 +139,7 @@ def bench(args: argparse.Namespace) -> None:
         shape=args.shape,
         command="llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv),
     )
-    print((args.out.rstrip("/") + "/results.md"))
-    from .bench import markdown_table
-
+    print(args.out.rstrip("/") + "/results.md")
     print(markdown_table(result["rows"], with_accuracy=args.shape is None))
 
 
