@@ -1,0 +1,116 @@
+"""The alignment code on REAL vocabularies (GPT-2, Llama-3, Llama-2 SentencePiece with its dummy
+prefix, Phi-3, Qwen2), fetched by scripts/fetch_real_vocabs.py. Optional: skipped, with the
+reason, when the vocabularies are not on this machine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+FAMILIES = ("gpt-2", "llama-bpe", "llama-spm", "phi-3", "qwen2")
+ROOT = Path(os.environ.get("LLM_ENSEMBLING_VOCABS", Path.home() / ".cache/llm-ensembling/vocabs"))
+AVAILABLE = all((ROOT / f / "tokenizer.json").is_file() for f in FAMILIES)
+pytestmark = [
+    pytest.mark.realvocab,
+    pytest.mark.skipif(
+        not AVAILABLE, reason=f"real vocabularies not in {ROOT}: run scripts/fetch_real_vocabs.py"
+    ),
+]
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+TEXT = st.text(
+    alphabet=st.sampled_from(list("The answer is 7+15=22.\n\t  aéü☃😀—Ωж中文")), max_size=60
+)
+
+
+@pytest.fixture(scope="module")
+def real_members(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from core import HFMember
+    from core.loading import load_tokenizer
+
+    members = {}
+    for family in FAMILIES:
+        tokenizer = load_tokenizer(str(ROOT / family))
+        tokenizer.chat_template = TEMPLATE
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=512,
+        )
+        torch.manual_seed(0)
+        members[family] = HFMember(family, LlamaForCausalLM(config).eval(), tokenizer)
+    return members
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=40, deadline=None)
+@given(text=TEXT)
+def test_real_token_bytes_spell_the_text(real_members, family, text):
+    vocab = real_members[family].vocab
+    if family in ("llama-spm", "phi-3") and text.startswith((" ", "\t", "\n")):
+        text = "x" + text  # a SentencePiece dummy prefix cannot keep a leading space apart
+    assert vocab.decode_bytes(vocab.encode(text)).decode("utf-8") == text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=15, deadline=None)
+@given(
+    chunks=st.lists(
+        st.sampled_from(["The", " answer", " is", " 22", ".", "\n", "  ", "é", "中"]), max_size=12
+    )
+)
+def test_real_incremental_sync_is_canonical(real_members, family, chunks):
+    member = real_members[family]
+    member.start([{"role": "user", "content": "Q"}])
+    text = "A"
+    for chunk in chunks:
+        text += chunk
+        member.sync(text)
+        assert member.ids == member.canonical_ids(text)
+        assert member.text == text
+    with torch.no_grad():
+        fresh = member.model(torch.tensor([member.prompt_ids + member.ids])).logits[0, -1]
+    assert torch.allclose(
+        member.logprobs([member.n_tokens])[0], torch.log_softmax(fresh, -1), atol=1e-4
+    )
+
+
+def test_dummy_prefix_families_are_detected(real_members):
+    detected = {f: m.vocab.dummy_prefix for f, m in real_members.items()}
+    assert detected == {
+        "gpt-2": False,
+        "llama-bpe": False,
+        "llama-spm": True,
+        "phi-3": True,
+        "qwen2": False,
+    }
+
+
+def test_strings_align_across_real_families(real_members):
+    from core.vocab import UnionVocab
+
+    members = [real_members[f] for f in ("llama-bpe", "llama-spm", "qwen2")]
+    for member in members:
+        assert member.vocab.strings[member.vocab.string_to_id[" answer"]] == " answer"
+    union = UnionVocab([m.vocab for m in members], [m.stop_ids for m in members])
+    lps = []
+    for member in members:
+        lp = torch.full((member.vocab.size,), -30.0)
+        lp[member.vocab.string_to_id[" answer"]] = 0.0
+        lps.append(lp)
+    aligned = union.align(lps)
+    column = union.strings.index(" answer")
+    assert torch.allclose(aligned.probs[:, column], torch.ones(3), atol=1e-3)
