@@ -2,7 +2,8 @@
 
 Real templates differ in what they accept (Gemma rejects a system role, Mistral insists that
 roles alternate, few know a `tool` role), so messages are first normalised (roles checked,
-consecutive same-role messages merged) and a template that refuses a system or tool message gets
+consecutive same-role messages merged; an optional `name` is kept and passed to the template,
+which renders or ignores it) and a template that refuses a system or tool message gets
 it folded into a user turn instead of failing the request.
 """
 
@@ -63,10 +64,15 @@ def normalize_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[Mess
                 f"{', '.join(ROLES)}."
             )
         content = _content_text(message.get("content", ""), index)
+        name = message.get("name")  # a speaker name: passed on, each template decides
+        name = name if isinstance(name, str) else None
         if out and out[-1]["role"] == role:
-            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n\n{content}"}
+            merged = {"role": role, "content": f"{out[-1]['content']}\n\n{content}"}
+            if name and out[-1].get("name") == name:  # merged turns keep only a shared name
+                merged["name"] = name
+            out[-1] = merged
         else:
-            out.append({"role": role, "content": content})
+            out.append({"role": role, "content": content, **({"name": name} if name else {})})
     return out
 
 

@@ -61,12 +61,28 @@ class Stats:
     first_delta_seconds: float | None = None
 
     @property
+    def input_tokens(self) -> int:
+        """The prompt length reported as "input tokens" for the whole ensemble: the first active
+        member's count (the facade starts members in `method.active` order, so a method lists its
+        drafter first). Every member's own count is in `prompt_tokens`; the adapters use this."""
+        return next(iter(self.prompt_tokens.values()), 0)
+
+    @property
     def ensemble_rate(self) -> float:
         """E/T: the share of output tokens (or rounds) where members were combined."""
         return self.ensembled / self.tokens if self.tokens else 0.0
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
+
+    def usage(self) -> dict[str, int]:
+        """OpenAI-style token usage (LlamaIndex's `raw["usage"]`), the same numbers LangChain's
+        usage_metadata reports: `input_tokens` and `tokens`."""
+        return {
+            "prompt_tokens": self.input_tokens,
+            "completion_tokens": self.tokens,
+            "total_tokens": self.input_tokens + self.tokens,
+        }
 
     def to_dict(self) -> dict:
         return {

@@ -1,0 +1,58 @@
+"""One loaded Ensemble per configuration, shared by every adapter instance that asks for it.
+
+Framework objects (a LangChain chat model, a LlamaIndex LLM) are built often and cheaply: in
+`Settings`, per query engine, per test. Loading models is neither, so adapters construct without
+loading and call `shared_ensemble` on first use. Instances with the same configuration get the
+same `Ensemble`, and so the same lock: requests on shared members run one at a time. An ensemble
+is freed when the last instance holding it goes (weak references), except the two most recently
+used, which stay loaded.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .ensemble import Ensemble
+
+_loaded: weakref.WeakValueDictionary[str, Ensemble] = weakref.WeakValueDictionary()
+_loading = threading.Lock()  # one load at a time: two threads asking together load once
+# The last few ensembles used stay loaded even when no instance holds them: LangChain's
+# `configurable_fields` builds a new chat model per call, which must not reload the models.
+_recent: collections.deque[Ensemble] = collections.deque(maxlen=2)
+
+
+def _source_key(model: str | os.PathLike) -> str:
+    path = Path(os.fspath(model)).expanduser()
+    return str(path.resolve()) if path.exists() else os.fspath(model)
+
+
+def configuration_key(
+    models: str | os.PathLike | Sequence[str | os.PathLike], method: str, options: dict[str, Any]
+) -> str:
+    """Equal for configurations that load the same models the same way."""
+    if isinstance(models, (str, os.PathLike)):
+        models = [models]
+    sources = [_source_key(m) for m in models]
+    settings = sorted((k, repr(v)) for k, v in options.items())
+    return repr((sources, method, settings))
+
+
+def shared_ensemble(
+    models: str | os.PathLike | Sequence[str | os.PathLike], method: str = "token", **kwargs: Any
+) -> Ensemble:
+    """`Ensemble.from_pretrained(models, method, **kwargs)`, loaded once per configuration."""
+    key = configuration_key(models, method, kwargs)
+    with _loading:
+        ensemble = _loaded.get(key)
+        if ensemble is None:
+            ensemble = Ensemble.from_pretrained(models, method, **kwargs)
+            _loaded[key] = ensemble
+        if ensemble not in _recent:
+            _recent.append(ensemble)
+        return ensemble

@@ -1,0 +1,43 @@
+"""What one request did, as a small JSON-safe dict: the adapters' "ensemble" metadata.
+
+LangChain puts it in `response_metadata["ensemble"]`, LlamaIndex in `raw["ensemble"]`; both
+build it here so the two report the same numbers under the same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .config import Stats
+from .events import EnsemblePoint, Event, SegmentSelected, _json_safe
+
+
+def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event]) -> dict:
+    """`method_summary` is `Ensemble.summary()` (method, members, method settings).
+
+    Adds: output `tokens`, `ensembled` and E/T (`ensemble_rate`), `input_tokens` (see
+    `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (rounds won per
+    member) and `weights`, SAFE's `ensemble_points` (output positions where it ensembled), the
+    method's `counts`, and `seconds`. Winners and points are empty for methods without them."""
+    winners: dict[str, int] = {}
+    points: list[int] = []
+    for event in events:
+        if isinstance(event, SegmentSelected):
+            winners[event.winner] = winners.get(event.winner, 0) + 1
+        elif isinstance(event, EnsemblePoint):
+            points.append(event.position)
+    return _json_safe(
+        {
+            **method_summary,
+            "tokens": stats.tokens,
+            "ensembled": stats.ensembled,
+            "ensemble_rate": stats.ensemble_rate,
+            "input_tokens": stats.input_tokens,
+            "prompt_tokens": dict(stats.prompt_tokens),
+            "winners": winners,
+            "ensemble_points": points,
+            "weights": dict(stats.weights),
+            "counts": dict(stats.counts),
+            "seconds": stats.seconds,
+        }
+    )

@@ -1,0 +1,46 @@
+"""Core deltas -> LlamaIndex responses, and what goes into `raw`.
+
+`raw["usage"]` is where `TokenCountingHandler` looks first (keys `prompt_tokens` and
+`completion_tokens`); it rides on the last chunk of a stream (the one LlamaIndex reports at the
+end of the call) and on every non-streamed response. `raw["events"]` carries the core events of
+the chunk as dicts, so consumers that see only the response stream (a workflow agent's
+`AgentStream.raw`) still see what the ensemble did. `raw["ensemble"]` is the request summary
+LangChain puts in `response_metadata["ensemble"]` (`core.summary.request_summary`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    MessageRole,
+)
+
+from core import Delta
+from core.events import Event
+
+
+def raw_info(shown: Sequence[Event], last: Delta, ensemble: dict[str, Any] | None) -> dict:
+    """`shown`: this chunk's events; `ensemble`: the request summary (final chunk only)."""
+    raw: dict[str, Any] = {"events": [event.to_dict() for event in shown]}
+    if last.stats is not None:  # the request is over
+        raw.update(
+            usage=last.stats.usage(),
+            finish_reason=last.finish_reason,
+            stats=last.stats.to_dict(),
+            ensemble=ensemble,
+        )
+    return raw
+
+
+def chat_response(text: str, delta: str | None, raw: dict[str, Any]) -> ChatResponse:
+    message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
+    return ChatResponse(message=message, delta=delta, raw=raw)
+
+
+def completion_response(text: str, delta: str | None, raw: dict[str, Any]) -> CompletionResponse:
+    return CompletionResponse(text=text, delta=delta, raw=raw)

@@ -1,0 +1,207 @@
+"""EnsembleLLM inside LlamaIndex's own machinery, on the shipped trained models: a RAG query
+engine over a VectorStoreIndex with real local embeddings (the examples' setup), a ReActAgent
+with the calculator tool, the event loop kept free during `astream_chat`, usage counted by
+`TokenCountingHandler`, and cancellation of an async stream."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+from conftest import needs_trained
+from llama_index.core import Settings
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
+
+from core.methods import METHOD_NAMES, method_class
+from core.testbed import check_answer, make_problems, react_system_message
+from core.testbed.task import RAG_SYSTEM_PROMPT, RAG_USER_TEMPLATE
+from llamaindex_ensemble import EVENT_CLASSES, EnsembleEvent, EnsembleLLM
+
+pytestmark = needs_trained
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+RAG = make_problems(3, form="rag")  # 0 and 2: answered right by every method
+COT = make_problems(2, form="cot")
+REACT = make_problems(2, form="react")
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _available() -> list[str]:
+    out = []
+    for name in METHOD_NAMES:
+        try:
+            method_class(name)
+        except Exception:  # a method module this build does not have
+            continue
+        out.append(name)
+    return out
+
+
+class Recorder(BaseEventHandler):
+    events: list = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Recorder"
+
+    def handle(self, event: BaseEvent, **kwargs) -> None:
+        self.events.append(event)
+
+    def of(self, cls) -> list:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+@pytest.fixture
+def recorder():
+    handler = Recorder(events=[])
+    get_dispatcher().add_event_handler(handler)
+    yield handler
+    get_dispatcher().event_handlers.remove(handler)
+
+
+@pytest.fixture(scope="module")
+def rag_example():
+    return _example("llamaindex_rag")
+
+
+@pytest.fixture(scope="module")
+def embed_model(rag_example):
+    return rag_example.embedding_model()
+
+
+def _chat(problem) -> list[ChatMessage]:
+    return [ChatMessage(role=m["role"], content=m["content"]) for m in problem.messages]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["query", "streaming"])
+def test_rag_query_engine_retrieves_and_answers(
+    streaming, rag_example, embed_model, make_ensemble, recorder, monkeypatch
+):
+    problem = RAG[0]
+    index = rag_example.build_index(problem.passages, embed_model)
+    llm = EnsembleLLM(ensemble=make_ensemble("token"), max_new_tokens=80)
+    counter = TokenCountingHandler()
+    monkeypatch.setattr(Settings, "callback_manager", CallbackManager([counter]))  # the docs' way
+    engine = index.as_query_engine(llm=llm, streaming=streaming)
+    response = engine.query(problem.question)
+    text = "".join(response.response_gen) if streaming else str(response)
+    retrieved = [node.node.get_content() for node in response.source_nodes]
+    assert problem.relevant_passage in retrieved and len(retrieved) == 2
+    assert check_answer(text, problem), text
+    [start] = recorder.of(LLMChatStartEvent)  # exactly the testbed's rag form
+    user = RAG_USER_TEMPLATE.format(context_str="\n\n".join(retrieved), query_str=problem.question)
+    assert [m.content for m in start.messages] == [RAG_SYSTEM_PROMPT, user]
+    events = recorder.of(EnsembleEvent)
+    assert events and {e.span_id for e in events} == {start.span_id}
+    [end] = [e for e in recorder.events if type(e).__name__ == "LLMChatEndEvent"]
+    usage = end.response.raw["usage"]
+    assert counter.prompt_llm_token_count == usage["prompt_tokens"] > 0
+    assert counter.completion_llm_token_count == usage["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize("method", _available())
+def test_every_method_answers_through_the_query_engine(
+    method, rag_example, embed_model, make_ensemble, recorder
+):
+    problem = RAG[2]
+    index = rag_example.build_index(problem.passages, embed_model)
+    llm = EnsembleLLM(ensemble=make_ensemble(method), max_new_tokens=80)
+    text, retrieved = rag_example.ask(llm, index, problem.question)
+    assert problem.relevant_passage in retrieved
+    assert check_answer(text, problem), text
+    events = recorder.of(EnsembleEvent)
+    assert all(type(e) is EVENT_CLASSES[_core_type(e.name)] for e in events)
+    if method != "single":
+        assert events  # the ensemble's decisions are observable
+
+
+def _core_type(name: str):
+    return next(t for t in EVENT_CLASSES if t.name == name)
+
+
+async def test_react_agent_calls_the_calculator_and_finishes(make_ensemble, recorder):
+    example = _example("llamaindex_agent")
+    problem = REACT[0]
+    llm = EnsembleLLM(ensemble=make_ensemble("token"), max_new_tokens=80)
+    answer, calls = await example.solve(example.make_agent(llm), problem.question, echo=False)
+    expected, value = [], problem.start
+    for op, n in problem.steps:
+        after = value + n if op == "+" else value - n
+        expected.append(({"expression": f"{value} {op} {n}"}, str(after)))
+        value = after
+    assert calls == expected
+    assert check_answer(answer, problem), answer
+    starts = recorder.of(LLMChatStartEvent)
+    assert len(starts) == len(calls) + 1
+    assert starts[0].messages[0].content == react_system_message()  # as the models were trained
+    last = starts[-1].messages  # history as the react form renders it: observations as users
+    assert [m.role.value for m in last] == ["system", "user"] + ["assistant", "user"] * len(calls)
+    assert [m.content for m in last[3::2]] == [f"Observation: {out}" for _, out in calls]
+    assert recorder.of(EnsembleEvent)
+
+
+async def test_astream_chat_leaves_the_event_loop_free(make_ensemble):
+    llm = EnsembleLLM(ensemble=make_ensemble("token"), max_new_tokens=80)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    seen, text = [], ""
+    async for chunk in await llm.astream_chat(_chat(COT[0])):
+        seen.append(ticks)
+        text += chunk.delta
+    task.cancel()
+    assert seen[-1] - seen[0] >= 5, seen  # the loop ran while the models computed
+    assert check_answer(text, COT[0])
+
+
+async def test_cancelling_an_async_stream_leaves_the_llm_usable(make_ensemble):
+    produced = []
+    llm = EnsembleLLM(ensemble=make_ensemble("token"), max_new_tokens=80, on_event=produced.append)
+    messages = _chat(COT[1])
+    expected = await llm.achat(messages)
+    full = len(produced)
+    produced.clear()
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in await llm.astream_chat(messages):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), timeout=60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    again = await asyncio.wait_for(llm.achat(messages), timeout=60)  # waits for the worker
+    assert again.message.content == expected.message.content
+    cancelled = len(produced) - full  # events of the cancelled request: it stopped early
+    assert 0 < cancelled < full
+
+
+def test_stop_strings_on_a_real_answer(make_ensemble):
+    llm = EnsembleLLM(ensemble=make_ensemble("token"), max_new_tokens=80)
+    full = llm.complete(COT[0].question).text
+    assert " = " in full
+    cut = llm.complete(COT[0].question, stop=[" = "])
+    assert cut.text == full[: full.index(" = ")] and cut.raw["finish_reason"] == "stop"
+    chunks = list(llm.stream_chat(_chat(COT[0]), stop=[" = "]))
+    assert "".join(c.delta for c in chunks) == cut.text
