@@ -1,0 +1,329 @@
+"""`ChatEnsemble`: several local Hugging Face causal LMs answering as one LangChain chat model.
+
+The class only wires LangChain to the engine (`core.Ensemble`): message conversion is in
+`messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`. Construction is
+cheap (nothing loads); the first request loads the models through `core.shared.shared_ensemble`,
+so every instance with the same models, method, options, device and dtype uses one engine (and
+one lock: `batch` and concurrent calls on shared members run one at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+from core.errors import InvalidConfigError
+from core.events import Event
+from core.methods import check_method
+from core.shared import shared_ensemble
+
+from .events import AsyncEventForwarder, EventForwarder, selected_events
+from .messages import to_engine_messages
+from .outputs import Turn
+
+# Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
+_CALL_SETTINGS = {
+    "temperature": "temperature",
+    "max_tokens": "max_new_tokens",
+    "top_p": "top_p",
+    "seed": "seed",
+}
+_FRAMEWORK_KWARGS = {"stream"}  # set by LangChain itself; the streaming choice is already made
+
+
+class ChatEnsemble(BaseChatModel):
+    """Ensemble several local causal LMs (different tokenizers welcome) at inference time.
+
+    ```python
+    chat = ChatEnsemble(models=["path/or/hub-id-A", "path/or/hub-id-B"], method="safe")
+    chat.invoke("Tom has 7 apples ...")           # AIMessage, with usage and an "ensemble" summary
+    for chunk in chat.stream("..."): ...            # real streaming; stops never partially streamed
+    ```
+
+    Ensemble events (what the method did: ensemble points, segment winners, weights) arrive as
+    LangChain custom events named `ensemble.<event>` (a handler's `on_custom_event` on invoke;
+    `on_custom_event` in a chain's `astream_events(version="v2")`), per chunk in
+    `response_metadata["ensemble_events"]` with `event_trace=True`, and at the engine's
+    `on_event` callback. See `langchain_ensemble.events` for which channel works where.
+
+    `usage_metadata` is always set: `input_tokens` counts the prompt in the first active
+    member's tokenization (the drafter's for SAFE; every member's count is in
+    `response_metadata["ensemble"]["prompt_tokens"]`), `output_tokens` the response in the
+    committed tokenization. `get_num_tokens` counts with that same first member's tokenizer.
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    models: list[str] = Field(
+        default_factory=list,
+        description="Local model directories or hub ids. SAFE: the first one drafts.",
+    )
+    method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
+    method_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
+    )
+    device: str | list[str] = Field(default="auto", description="One for all, or per member.")
+    dtype: str | list[str] = Field(default="auto", description="One for all, or per member.")
+
+    model_name: str = Field(default="", alias="model", description="Reported model name.")
+    temperature: float | None = Field(default=None, description="0 or None: greedy.")
+    top_p: float | None = None
+    seed: int | None = Field(default=None, description="Makes sampling reproducible.")
+    max_tokens: int | None = Field(default=None, description="Output tokens (default 256).")
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    streaming: bool = False
+
+    ensemble_events: bool | list[str] = Field(
+        default=True,
+        description="Which ensemble events to send as LangChain custom events and in the "
+        "trace: True (all), False (none) or a list of event names.",
+    )
+    event_trace: bool = Field(
+        default=False,
+        description="Also put each chunk's events in its generation_info / response_metadata "
+        "under 'ensemble_events' (reaches every stream consumer; grows with the output).",
+    )
+    on_event: Callable[[Event], None] | None = Field(
+        default=None,
+        exclude=True,
+        description="Called with every core event as it happens (on the engine's thread).",
+    )
+
+    _engine: Ensemble | None = PrivateAttr(default=None)
+
+    # --- construction (cheap: validates, loads nothing) -------------------------------------
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_list(cls, value: Any) -> Any:
+        if isinstance(value, (str, os.PathLike)):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatEnsemble:
+        if not self.models:
+            raise InvalidConfigError(
+                "ChatEnsemble needs models: pass models=[...] (local model directories or hub "
+                "ids), or wrap a built engine with ChatEnsemble.from_ensemble(ensemble)."
+            )
+        check_method(self.method, len(self.models), self.method_options)
+        selected_events(self.ensemble_events)
+        self._config(None, {})  # temperature, top_p, max_tokens, stop: checked now, not later
+        if not self.model_name:
+            names = "+".join(Path(m).name or m for m in self.models)
+            self.model_name = f"ensemble-{self.method}:{names}"
+        return self
+
+    @classmethod
+    def from_ensemble(cls, ensemble: Ensemble, **kwargs: Any) -> ChatEnsemble:
+        """Wrap an engine built by hand (`Ensemble(...)`, `Ensemble.from_pretrained(...)`)."""
+        chat = cls(
+            models=[m.name for m in ensemble.members],
+            method=ensemble.method_name,
+            method_options=ensemble.options,
+            **kwargs,
+        )
+        chat._engine = ensemble
+        return chat
+
+    @property
+    def ensemble(self) -> Ensemble:
+        """The engine (loaded on first use): weights, `reset_weights()`, members, `summary()`."""
+        if self._engine is None:
+            self._engine = shared_ensemble(
+                self.models,
+                self.method,
+                device=self.device,
+                dtype=self.dtype,
+                **self.method_options,
+            )
+        return self._engine
+
+    async def _aensemble(self) -> Ensemble:
+        if self._engine is None:  # loading takes seconds: keep it off the event loop
+            return await asyncio.to_thread(lambda: self.ensemble)
+        return self._engine
+
+    # --- LangChain metadata -------------------------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "llm-ensembling-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        params = {
+            "model_name": self.model_name,
+            "models": list(self.models),
+            "method": self.method,
+            "method_options": self.method_options,
+            "device": self.device,
+            "dtype": self.dtype,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "stop": self.stop,
+        }
+        return json.loads(json.dumps(params, default=str))  # tracing needs plain JSON values
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="llm_ensembling",
+            ls_model_name=str(kwargs.get("model") or self.model_name),
+            ls_model_type="chat",
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = float(temperature)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = int(max_tokens)
+        stops = stop if stop is not None else self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids in the first active member's tokenizer, the one `input_tokens` counts in
+        (LangChain's default would download GPT-2's tokenizer from the hub)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        tokenizer = self.ensemble.method.active[0].tokenizer
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _config(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> GenerationConfig:
+        """Instance settings, overridden by the call's `stop` and keyword arguments."""
+        model = kwargs.get("model")
+        if model is not None and model != self.model_name:
+            raise InvalidConfigError(
+                f"model={model!r} cannot switch an ensemble's models per call; build another "
+                "ChatEnsemble(models=[...]) for other models."
+            )
+        unknown = sorted(set(kwargs) - set(_CALL_SETTINGS) - _FRAMEWORK_KWARGS - {"model"})
+        if unknown:
+            raise InvalidConfigError(
+                f"unknown argument(s) {', '.join(map(repr, unknown))} for ChatEnsemble; per "
+                f"call it accepts stop and {', '.join(_CALL_SETTINGS)}."
+            )
+        settings = {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
+        settings.update({k: v for k, v in kwargs.items() if k in _CALL_SETTINGS})
+        n = settings["max_tokens"]
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
+            raise InvalidConfigError(f"max_tokens must be a positive integer, got {n!r}.")
+        config = {_CALL_SETTINGS[k]: v for k, v in settings.items() if v is not None}
+        stops = stop if stop is not None else self.stop
+        return GenerationConfig(**config, stop=tuple(stops or ()))
+
+    def _turn(self, engine: Ensemble) -> Turn:
+        traced = selected_events(self.ensemble_events) if self.event_trace else None
+        return Turn(self.model_name, engine.summary(), traced)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        config = self._config(stop, kwargs)
+        engine = self.ensemble
+        turn, forward = self._turn(engine), EventForwarder(self._wanted, run_manager)
+        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
+        try:
+            for delta in deltas:
+                forward(delta.events)
+                turn.add(delta)
+        finally:
+            deltas.close()  # releases the engine's lock even if a callback raised
+        return turn.result()
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        config = self._config(stop, kwargs)
+        engine = self.ensemble
+        turn, forward = self._turn(engine), EventForwarder(self._wanted, run_manager)
+        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
+        try:
+            for delta in deltas:
+                forward(delta.events)
+                chunk = turn.chunk(delta)
+                if chunk is not None:
+                    if run_manager is not None:  # only stream_events(v3) passes one
+                        run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
+        finally:
+            deltas.close()  # a consumer that stops early frees the engine at once
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        config = self._config(stop, kwargs)
+        engine = await self._aensemble()
+        turn, forward = self._turn(engine), AsyncEventForwarder(self._wanted, run_manager)
+        deltas = engine.astream(to_engine_messages(messages), config, on_event=self.on_event)
+        try:
+            async for delta in deltas:  # computed on a worker thread: the loop keeps running
+                await forward(delta.events)
+                turn.add(delta)
+        finally:
+            await deltas.aclose()
+        return turn.result()
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        config = self._config(stop, kwargs)
+        engine = await self._aensemble()
+        turn, forward = self._turn(engine), AsyncEventForwarder(self._wanted, run_manager)
+        deltas = engine.astream(to_engine_messages(messages), config, on_event=self.on_event)
+        try:
+            async for delta in deltas:
+                await forward(delta.events)
+                chunk = turn.chunk(delta)
+                if chunk is not None:
+                    if run_manager is not None:
+                        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
+        finally:
+            await deltas.aclose()
+
+    @property
+    def _wanted(self) -> frozenset[str]:
+        return selected_events(self.ensemble_events)
