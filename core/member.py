@@ -13,6 +13,7 @@ model or a cache, so another backend (a model served over HTTP) can stand in for
 
 from __future__ import annotations
 
+import bisect
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -127,12 +128,14 @@ class Member(ABC):
         self._rewind(_common_prefix(self._seq, seq))
         self._seq, self._bytes, self._ends = seq, data, ends
 
-    def _retokenize(self, data: bytes) -> tuple[list[int], list[int]]:
-        """Ids and byte ends for `data`, keeping every current token before the last safe cut."""
+    def _retokenize(self, data: bytes, within: int | None = None) -> tuple[list[int], list[int]]:
+        """Ids and byte ends for `data`, keeping every current token before the last safe cut
+        (at most `within` bytes in: tokens past it are re-encoded canonically)."""
         keep = 0
         starters = self.vocab.cut_starters
         if starters:
             changed = _common_prefix(self._bytes, data)
+            changed = changed if within is None else min(changed, within)
             k = len(self._ends)
             while k > 0 and len(self._ends) - k < _MAX_CUT_SCAN:
                 start = self._ends[k - 1]
@@ -178,8 +181,30 @@ class Member(ABC):
         """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab]."""
 
     @abstractmethod
-    def score(self, continuations: Sequence[str]) -> list[torch.Tensor]:
-        """Token log-probs of each continuation of the current text, in one pass."""
+    def score(
+        self,
+        continuations: Sequence[str],
+        *,
+        base: str | None = None,
+        ends: Sequence[bool] | None = None,
+        raw: bool = False,
+    ) -> list[torch.Tensor]:
+        """Token log-probs of each continuation of `base` (default: the current text), in one
+        pass. `base` may be a prefix of the current text (a drafter scoring everyone's drafts
+        keeps its own draft); `ends[i]` adds the log-prob of ending the turn after
+        continuation i; `raw` gives pre-softmax logits instead of log-probs."""
+
+    def drop_cache(self) -> None:
+        """Forget every computed key/value; the ids stay (the recompute-everything baseline)."""
+        self._rewind(0)
+
+    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Next-token log-probs after the first `boundary` response tokens followed by each
+        branch of ids (any ids: canonical for some text or not), in one pass: [branches, vocab].
+        Text, ids and cache stay as they were. SAFE's `heal` scores a partial word with it."""
+        raise NotImplementedError(
+            f"member {self.name!r} cannot score token branches; use SAFE with heal=False."
+        )
 
     def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
         """Continue the current text by up to `max_tokens` tokens, appending them."""
@@ -300,8 +325,8 @@ class HFMember(Member):
         self._cache.crop(keep - self._cached)
         self._cached, self._last_row = keep, None
 
-    def _forward(self, ids: list[int], keep: list[int], **extra) -> torch.Tensor:
-        """Feed ids after the cache; log-probs at the given input indices."""
+    def _forward(self, ids: list[int], keep: list[int], raw: bool = False, **extra) -> torch.Tensor:
+        """Feed ids after the cache; log-probs (or raw logits) at the given input indices."""
         start = time.perf_counter()
         with torch.no_grad():
             out = self.model(
@@ -311,7 +336,8 @@ class HFMember(Member):
                 logits_to_keep=torch.tensor(keep, device=self.device),
                 **extra,
             )
-            rows = torch.log_softmax(out.logits[0].float(), dim=-1)
+            rows = out.logits[0].float()
+            rows = rows if raw else torch.log_softmax(rows, dim=-1)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.calls += 1
@@ -336,63 +362,143 @@ class HFMember(Member):
             self._last_row = got[missing[-1]]
         return torch.stack([got[r] for r in rows])
 
-    def score(self, continuations: Sequence[str]) -> list[torch.Tensor]:
+    def score(
+        self,
+        continuations: Sequence[str],
+        *,
+        base: str | None = None,
+        ends: Sequence[bool] | None = None,
+        raw: bool = False,
+    ) -> list[torch.Tensor]:
         """Verify-in-line: all continuations after the cached prefix in ONE forward pass, each
         seeing the prefix and its own earlier tokens only (block mask, positions restarting at
-        the prefix end). The cache is returned to the prefix afterwards."""
-        base = self.text
-        tokenized = [self._retokenize((base + c).encode("utf-8"))[0] for c in continuations]
-        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [self.n_tokens])
+        the prefix end). Cached ids beyond `base` (a drafter's own draft) are hidden by the mask
+        and stay cached; the cache is otherwise returned to the prefix afterwards."""
+        if base is not None and not self._bytes.startswith(base.encode()):
+            raise ValueError(f"base is not a prefix of member {self.name!r}'s text")
+        base = self.text if base is None else base
+        data = base.encode("utf-8")
+        ends = [False] * len(continuations) if ends is None else list(ends)
+        if len(ends) != len(continuations):
+            raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
+        tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
+        inside = bisect.bisect_right(self._ends, len(data))  # response tokens within `base`
+        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [inside])
         blocks = [t[shared:] for t in tokenized]
-        if not self.takes_block_mask or len(blocks) == 1:
-            return [self._score_one(shared, block) for block in blocks]
-        first = self.logprobs([shared])[0]  # cache now holds exactly prompt + ids[:shared]
-        prefix = self._cached
-        flat = [i for block in blocks for i in block]
-        if not flat:
-            return [torch.empty(0) for _ in blocks]
-        positions, allowed, offset = [], torch.zeros(len(flat), len(flat), dtype=torch.bool), 0
+        start = self._prompt_len + shared  # position of every block's first token
+        if start + max(map(len, blocks), default=0) > self.context_window:
+            raise ContextOverflow(f"a continuation does not fit member {self.name!r}'s window")
+        visible = min(self._cached, start - 1)  # cached positions the blocks may attend to
+        tail = self._seq[visible:start]  # the prefix's uncached end (>= its last token)
+        if not self.takes_block_mask:
+            return self._score_each(visible, tail, blocks, ends, raw)
+        cached, last_row = self._cached, self._last_row
+        flat = tail + [i for block in blocks for i in block]
+        n, t = len(flat), len(tail)
+        allowed = torch.zeros(n, cached + n, dtype=torch.bool)
+        allowed[:, :visible] = True
+        allowed[:, cached : cached + t] = True
+        allowed[:t, cached : cached + t] = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        positions, offset = list(range(visible, start)), t
         for block in blocks:
-            n = len(block)
-            positions.extend(range(prefix, prefix + n))
-            allowed[offset : offset + n, offset : offset + n] = torch.tril(
-                torch.ones(n, n, dtype=torch.bool)
+            k = len(block)
+            at = cached + offset
+            allowed[offset : offset + k, at : at + k] = torch.tril(
+                torch.ones(k, k, dtype=torch.bool)
             )
-            offset += n
-        mask = torch.zeros(1, 1, len(flat), prefix + len(flat), dtype=self.dtype)
-        mask[0, 0, :, prefix:] = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(
-            self.dtype
-        )
+            positions.extend(range(start, start + k))
+            offset += k
+        mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
         rows = self._forward(
             flat,
-            list(range(len(flat))),
-            attention_mask=mask.to(self.device),
+            list(range(n)),
+            raw=raw,
+            attention_mask=mask[None, None].to(self.device),
             position_ids=torch.tensor([positions], device=self.device),
         )
-        self._rewind(prefix)
-        self._last_row = first
-        scores, offset = [], 0
-        for block in blocks:
-            n = len(block)
-            if n == 0:
-                scores.append(torch.empty(0))
-                continue
-            predictors = torch.cat([first[None], rows[offset : offset + n - 1]])
-            target = torch.tensor(block, device=predictors.device)
-            scores.append(predictors.gather(1, target[:, None])[:, 0].cpu())
-            offset += n
+        if visible == cached:  # the tail filled the cache up to the prefix end: keep it
+            self._rewind(start)
+            self._last_row = rows[t - 1] if not raw else torch.log_softmax(rows[t - 1], -1)
+        else:  # the cache reaches past the prefix: drop only what this pass added
+            self._rewind(cached)
+            self._last_row = last_row
+        scores, offset = [], t
+        for block, end in zip(blocks, ends, strict=True):
+            k = len(block)
+            predictors = torch.cat([rows[t - 1 : t], rows[offset : offset + k]])
+            scores.append(self._token_scores(predictors, block, end))
+            offset += k
         return scores
 
-    def _score_one(self, shared: int, block: list[int]) -> torch.Tensor:
+    def _token_scores(self, predictors: torch.Tensor, block: list[int], end: bool) -> torch.Tensor:
+        """predictors[j] produced block[j]; the row after the last token scores ending there."""
+        target = torch.tensor(block, dtype=torch.long, device=predictors.device)
+        values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
+        if end:
+            stops = [i for i in self.stop_ids if i < predictors.shape[-1]]
+            values = torch.cat([values, torch.logsumexp(predictors[len(block), stops], 0)[None]])
+        return values.cpu()
+
+    def _score_each(
+        self, visible: int, tail: list[int], blocks: list[list[int]], ends: list[bool], raw: bool
+    ) -> list[torch.Tensor]:
         """Fallback for attention kernels that cannot take a block mask: one pass per
-        continuation on the same cached prefix (same numbers, more passes)."""
-        first = self.logprobs([shared])[0]
-        if not block:
-            return torch.empty(0)
-        prefix = self._cached
-        rows = self._forward(block[:-1], list(range(len(block) - 1))) if len(block) > 1 else None
-        predictors = first[None] if rows is None else torch.cat([first[None], rows])
-        self._rewind(prefix)
-        self._last_row = first
-        target = torch.tensor(block, device=predictors.device)
-        return predictors.gather(1, target[:, None])[:, 0].cpu()
+        continuation on the same cached prefix (same numbers, more passes). Without a mask the
+        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay)."""
+        self._rewind(visible)
+        start, first, scores = visible + len(tail), None, []
+        for block, end in zip(blocks, ends, strict=True):
+            feed = block if first is not None else tail + block
+            rows = self._forward(feed, list(range(len(feed))), raw=raw) if feed else None
+            if first is None:
+                first, rows = rows[len(tail) - 1], rows[len(tail) :]
+            self._rewind(start)
+            predictors = first[None] if rows is None else torch.cat([first[None], rows])
+            scores.append(self._token_scores(predictors, block, end))
+        if first is None:  # no continuations: nothing was computed
+            return scores
+        self._last_row = first if not raw else torch.log_softmax(first, -1)
+        return scores
+
+    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
+        if not 0 <= boundary <= self.n_tokens:
+            raise IndexError(f"boundary {boundary} outside 0..{self.n_tokens}")
+        branches = [list(b) for b in branches]
+        if any(not b for b in branches):
+            raise ValueError("every branch needs at least one id")
+        if not branches:
+            return torch.empty(0, self.vocab.size)
+        prefix = self._prompt_len + boundary
+        if self._cached < prefix:
+            self.logprobs([boundary])  # the cache now reaches the branch point
+        if not self.takes_block_mask:  # no mask: the cache must end at the branch point
+            self._rewind(prefix)
+            rows = []
+            for branch in branches:
+                rows.append(self._forward(branch, [len(branch) - 1])[0])
+                self._rewind(prefix)
+            return torch.stack(rows)
+        cached, last_row = self._cached, self._last_row
+        flat = [i for branch in branches for i in branch]
+        n = len(flat)
+        allowed = torch.zeros(n, cached + n, dtype=torch.bool)
+        allowed[:, :prefix] = True  # cached ids past the branch point stay cached but hidden
+        positions, keep, offset = [], [], 0
+        for branch in branches:
+            k, at = len(branch), cached + offset
+            allowed[offset : offset + k, at : at + k] = torch.tril(
+                torch.ones(k, k, dtype=torch.bool)
+            )
+            positions.extend(range(prefix, prefix + k))
+            offset += k
+            keep.append(offset - 1)
+        mask = torch.where(allowed, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
+        rows = self._forward(
+            flat,
+            keep,
+            attention_mask=mask[None, None].to(self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+        )
+        self._rewind(cached)
+        self._last_row = last_row
+        return rows

@@ -1,0 +1,351 @@
+"""SAFE through the public API: OOV-like detection on the real testbed tokenizers, the consensus
+rule's guarantee (Theorem 1), canonical member state after every cycle, exact reproduction of
+the drafter when the verifiers are its copies, stats that add up, sampling, and `heal`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import needs_trained
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import Ensemble, GenerationConfig, HFMember, InvalidConfigError
+from core.aggregate import sharpen, sharpen_heuristic
+from core.events import Drafted, EnsemblePoint, SkipConsensus, SkipMismatch
+from core.methods.safe import EXTRA_TOKENS, HEALED, SKIP_REASONS, consensus
+from core.testbed import check_answer, make_problems
+from core.testbed.tokenizers import load_tokenizer
+
+TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 13."
+PROMPT = [{"role": "user", "content": "Sara has 6 buttons. She donates 1. How many?"}]
+
+
+class Scripted(HFMember):
+    """A real testbed tokenizer whose "model" spells fixed texts in its canonical tokenization:
+    the next token is a mixture of the next tokens of the scripts the ids so far are a prefix
+    of (weighted; the stop after a script's end); off every script it is uniform. Deterministic
+    members for exact expectations."""
+
+    def __init__(self, base: HFMember, scripts, name: str) -> None:
+        super().__init__(name, base.model, base.tokenizer)
+        scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
+        self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
+        self.stop = base.tokenizer.eos_token_id
+
+    def _row(self, seq: list[int]) -> torch.Tensor:
+        probs = torch.zeros(self.vocab.size, dtype=torch.float64)
+        for script, weight in self.scripts:
+            if seq == script[: len(seq)]:
+                probs[script[len(seq)] if len(seq) < len(script) else self.stop] += weight
+        if not probs.sum():
+            return torch.log_softmax(torch.zeros(self.vocab.size), -1)
+        return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
+
+    def logprobs(self, boundaries):
+        self.calls += 1
+        return torch.stack([self._row(self.ids[:b]) for b in boundaries])
+
+    def branch_logprobs(self, boundary, branches):
+        return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])
+
+
+def _spans(member_index: int, text: str) -> list[tuple[int, int]]:
+    """(start, end) of each token of a testbed tokenizer, from the tokenizer itself."""
+    from core.testbed import model_paths
+
+    tok = load_tokenizer(model_paths()[member_index])
+    return tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+
+
+def _ends(member_index: int, text: str) -> set[int]:
+    return {0} | {end for _, end in _spans(member_index, text)}
+
+
+def _adds_up(out) -> None:
+    s = out.stats
+    skips = sum(s.counts.get(k, 0) for k in SKIP_REASONS)
+    assert s.tokens == s.ensembled + skips + s.counts.get(EXTRA_TOKENS, 0)
+    assert s.ensembled == sum(isinstance(e, EnsemblePoint) for e in out.events)
+    assert s.counts.get("skip_mismatch", 0) == sum(isinstance(e, SkipMismatch) for e in out.events)
+    consensus_like = s.counts.get("skip_consensus", 0) + s.counts.get("skip_gate", 0)
+    assert consensus_like == sum(isinstance(e, SkipConsensus) for e in out.events)
+    assert s.ensemble_rate == pytest.approx(s.ensembled / s.tokens)
+
+
+# --- OOV-like positions, on the real tokenizers ----------------------------------------------
+
+
+@pytest.mark.parametrize("heal", [False, True], ids=["plain", "heal"])
+def test_drafter_boundary_inside_a_verifier_token_is_skipped(tiny_members, heal):
+    """spm drafts " 13" as "▁" "1" "3"; bpe reads it as one token "Ġ13": the boundaries after
+    "▁" and "1" are inside a bpe token, so "1" and "3" must be skipped as mismatches (or, with
+    heal, scored from bpe's last real boundary, where its spelling of " 13" agrees)."""
+    drafter = Scripted(tiny_members[1], [TEXT], "spm-script")
+    verifier = Scripted(tiny_members[0], [TEXT], "bpe-script")
+    ens = Ensemble([drafter, verifier], "safe", heal=heal)
+    out = ens.generate(PROMPT, max_new_tokens=64)
+    assert out.text == TEXT and out.finish_reason == "stop"
+    spm_ends = sorted(_ends(1, TEXT))  # where each spm token ends (0 = before the first)
+    bpe_ends = _ends(0, TEXT)
+    expected = {j for j, b in enumerate(spm_ends) if b not in bpe_ends}
+    assert TEXT.index(" 13") + 1 in {spm_ends[j] for j in expected}  # inside "Ġ13"
+    mismatched = {e.position for e in out.events if isinstance(e, SkipMismatch)}
+    agreed = {e.position for e in out.events if isinstance(e, SkipConsensus)}
+    assert out.stats.tokens == len(spm_ends)  # every spm token and the stop
+    if heal:  # also read by text: aligned, but bpe's next token ends inside spm's token
+        starts = {a: b for a, b in _spans(0, TEXT)}
+        spans = {j for j, (a, b) in enumerate(_spans(1, TEXT)) if starts.get(a, b) < b}
+        assert spans == {5}  # "▁buttons." against "Ġbuttons" "."
+        drafts = sum(isinstance(e, Drafted) for e in out.events)  # + each draft's cut edge
+        assert len(expected | spans) <= out.stats.counts[HEALED] <= len(expected | spans) + drafts
+        assert not mismatched
+        assert agreed == set(range(out.stats.tokens))
+    else:
+        assert mismatched == expected
+        assert all(e.member == "bpe-script" for e in out.events if isinstance(e, SkipMismatch))
+        assert agreed == set(range(out.stats.tokens)) - expected
+    assert out.stats.ensembled == 0
+    _adds_up(out)
+
+
+def test_ensembled_token_replaces_the_draft_and_members_stay_canonical(tiny_members):
+    """Two verifiers say 12 where the drafter says 13: the ensemble replaces the drafted token,
+    drops the rest of the draft, and the drafter resumes from the new text."""
+    wrong, right = "The answer is 13.", "The answer is 12."
+    drafter = Scripted(tiny_members[0], [(wrong, 0.9), (right, 0.1)], "bpe-draft")
+    verifiers = [Scripted(tiny_members[0], [right], f"bpe-{i}") for i in range(2)]
+    ens = Ensemble([drafter, *verifiers], "safe")
+    text = ""
+    for delta in ens.stream(PROMPT, GenerationConfig(max_new_tokens=32)):
+        text += delta.text  # each delta is one cycle's commit: every member is synced to it
+        for member in ens.members:
+            assert member.text == text and member.ids == member.canonical_ids(text)
+    assert text == right
+    out = ens.generate(PROMPT, max_new_tokens=32)
+    points = [e for e in out.events if isinstance(e, EnsemblePoint)]
+    assert [(p.drafted, p.chosen) for p in points] == [(" 13", " 12")]
+    assert points[0].top[0][0] == " 12" and not points[0].sharpened
+    drafts = [e for e in out.events if isinstance(e, Drafted)]
+    assert drafts[1].position == points[0].position + 1  # resumed right after the point
+    _adds_up(out)
+
+
+@pytest.mark.parametrize("heal", [False, True], ids=["plain", "heal"])
+def test_heal_lets_a_finer_verifier_weigh_in_on_a_coarser_token(tiny_members, heal):
+    """bpe drafts " 13" as ONE token; spm's next token there is a bare "▁" it is sure of, so
+    the paper's rule skips (consensus on the space) and spm's digits never count. With heal, spm
+    is scored on the drafted text " 13" itself (its "▁" "1" "3" spelling, rows from the same
+    pass), disagrees, and the ensemble picks its " 12"."""
+    wrong, right = "The answer is 13.", "The answer is 12."
+    drafter = Scripted(tiny_members[0], [(wrong, 0.6), (right, 0.4)], "bpe-draft")
+    verifier = Scripted(tiny_members[1], [right], "spm-verify")
+    out = Ensemble([drafter, verifier], "safe", heal=heal).generate(PROMPT, max_new_tokens=32)
+    points = [(e.drafted, e.chosen) for e in out.events if isinstance(e, EnsemblePoint)]
+    if heal:
+        assert out.text == right and points == [(" 13", " 12")]
+        assert out.stats.counts[HEALED] >= 1
+    else:
+        assert out.text == wrong and points == []
+    _adds_up(out)
+
+
+# --- the consensus rule (Theorem 1) ----------------------------------------------------------
+
+
+@st.composite
+def _member_rows(draw) -> list[list[float]]:
+    """2-4 members' probabilities over the same 2-6 aligned candidates."""
+    members, candidates = draw(st.integers(2, 4)), draw(st.integers(2, 6))
+    weight = st.one_of(st.just(0.0), st.floats(1e-3, 1.0))  # exact zeros and ties happen
+    row = st.lists(weight, min_size=candidates, max_size=candidates).filter(lambda r: sum(r))
+    return draw(st.lists(row, min_size=members, max_size=members))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=_member_rows())
+def test_consensus_skip_implies_drafted_token_is_the_average_argmax(rows):
+    """Candidates are aligned so each member's own next token is candidate 0's slot; member 0
+    is the greedy drafter (its token is its argmax). Whenever the rule skips, the plain
+    average's argmax is the drafted token."""
+    probs = torch.tensor(rows, dtype=torch.float64)
+    probs = probs / probs.sum(1, keepdim=True)
+    drafted = int(torch.argmax(probs[0]))
+    own = probs[:, drafted].tolist()
+    agree = [bool(probs[v, drafted] >= probs[v].max()) for v in range(1, len(rows))]
+    if consensus(own, agree):
+        mean = probs.mean(0)
+        assert mean[drafted] >= mean.max() - 1e-12
+
+
+def test_consensus_rule_edges():
+    assert consensus([0.9, 0.2], [False])  # average 0.55
+    assert not consensus([0.6, 0.4], [False])  # exactly one half is a possible tie: ensemble
+    assert consensus([0.3, 0.1, 0.1], [True, True])  # every verifier agrees
+
+
+# --- sharpening --------------------------------------------------------------------------------
+
+
+def test_heuristic_sharpening_gathers_a_split_word():
+    strings = ["So", "Sofia", "Sof", "Paris", " "]
+    mean = torch.tensor([0.2, 0.15, 0.1, 0.3, 0.25])
+    eligible = torch.tensor([True, False, False, True, True])
+    out = sharpen_heuristic(mean, strings, eligible, threshold=0.1)
+    assert out.tolist() == pytest.approx([0.45, 0.15, 0.1, 0.3, 0.25])  # " " never gathers
+    probs = torch.stack([mean, mean])
+    scores, fired = sharpen(probs, "heuristic", strings, eligible)
+    assert fired and strings[int(torch.argmax(scores))] == "So"
+    confident = torch.tensor([[0.6, 0.1, 0.1, 0.1, 0.1]] * 2)
+    assert sharpen(confident, "geometric", strings, eligible)[1] is False
+
+
+# --- stats, sampling, options on tiny random members -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(aggregator="gac"),
+        dict(sharpen="geometric", heal=True),
+        dict(aggregator="gac", sharpen=None, heal=True, lookahead=3),
+        dict(drafter="tb-qwen2-spm"),
+    ],
+    ids=["unite", "gac", "geo-heal", "gac-heal", "spm-drafts"],
+)
+def test_stats_add_up_and_verifiers_stay_canonical(tiny_members, options):
+    ens = Ensemble(tiny_members, "safe", **options)
+    text = ""
+    for delta in ens.stream(PROMPT, GenerationConfig(max_new_tokens=24)):
+        text += delta.text
+        for member in ens.members:
+            if member.name == ens.summary()["drafter"]:
+                continue  # a random drafter keeps its own (maybe non-canonical) tokens
+            assert member.text == text and member.ids == member.canonical_ids(text)
+    out = ens.generate(PROMPT, max_new_tokens=24)
+    assert out.text == text
+    assert out.stats.tokens <= 24 + out.stats.counts.get(EXTRA_TOKENS, 0)
+    assert list(out.stats.prompt_tokens)[0] == ens.summary()["drafter"]
+    _adds_up(out)
+
+
+def test_sampling_is_reproducible_with_a_seed(tiny_members):
+    ens = Ensemble(tiny_members[:2], "safe")
+    config = GenerationConfig(max_new_tokens=20, temperature=1.0, seed=7)
+    a, b = ens.generate(PROMPT, config), ens.generate(PROMPT, config)
+    assert a.text == b.text and [e.to_dict() for e in a.events] == [e.to_dict() for e in b.events]
+    _adds_up(a)
+    other = [ens.generate(PROMPT, config, seed=s).text for s in (1, 2, 3)]
+    assert any(t != a.text for t in other)
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (dict(aggregator="mean"), "aggregator="),
+        (dict(sharpen="soft"), "sharpen="),
+        (dict(lookahead=0), "lookahead="),
+        (dict(top_k=2.5), "top_k="),
+        (dict(threshold=1.5), "threshold="),
+        (dict(heal="yes"), "heal="),
+        (dict(drafter="nobody"), "drafter="),
+        (dict(speed=3), "unknown option"),
+    ],
+)
+def test_bad_options_name_the_problem(tiny_members, options, fragment):
+    with pytest.raises(InvalidConfigError, match=fragment):
+        Ensemble(tiny_members[:2], "safe", **options)
+
+
+def test_branch_logprobs_match_a_fresh_forward_and_leave_the_cache(tiny_members):
+    member = tiny_members[0]
+    member.start(PROMPT)
+    member.sync("Sara starts with 6 buttons.")
+    n = member.n_tokens
+    end = member.logprobs([n])[0]
+    branches = [[member.ids[3]], member.canonical_ids(" 13 apples")[:3], [5, 6]]
+    rows = member.branch_logprobs(2, branches)
+    for branch, row in zip(branches, rows, strict=True):
+        seq = member.prompt_ids + member.ids[:2] + branch
+        with torch.no_grad():
+            fresh = torch.log_softmax(member.model(torch.tensor([seq])).logits[0, -1].float(), -1)
+        assert torch.allclose(row, fresh, atol=1e-4)
+    assert member.n_tokens == n and member.text == "Sara starts with 6 buttons."
+    assert torch.allclose(member.logprobs([n])[0], end, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "family, text, back",
+    [(0, "Sara has 1", 1), (1, "Sara has 13", 3), (2, "Sara has 13", 1)],
+    ids=["bpe", "spm", "word"],
+)
+def test_healed_probabilities_of_the_next_byte_sum_to_one(tiny_members, family, text, back):
+    """From a real boundary `back` tokens before the end, P(u + x) / P(u) over every next byte
+    x, plus P(u then stop), is a distribution: marginalising over every spelling (canonical or
+    not, through extra batched passes) loses nothing."""
+    from core.methods.safe import _ByteIndex, _Healer
+
+    member = tiny_members[family]
+    member.start(PROMPT)
+    member.sync(text)
+    m = member.n_tokens - back
+    u = text.encode()[member.token_ends[m - 1] :]
+    index = _ByteIndex(member.vocab, member.stop_ids)
+    healer = _Healer(member, index, m, member.logprobs([m])[0], prune=0.0)  # exact
+    targets = [(u, False), (u, True)] + [(u + bytes([x]), False) for x in range(256)]
+    values = healer.probs(targets)
+    assert values[0] > 0
+    assert sum(values[1:]) / values[0] == pytest.approx(1.0, abs=1e-4)
+    assert member.text == text and member.ids == member.canonical_ids(text)
+
+
+def test_copies_of_a_tiny_drafter_reproduce_it(tiny_members):
+    """Verifiers that are the drafter itself agree at every position: SAFE commits exactly what
+    the drafter alone writes (the tiny bpe model's greedy text is canonical, so they read it
+    the same way)."""
+    base = tiny_members[0]
+    copies = [HFMember(f"copy-{i}", base.model, base.tokenizer) for i in range(2)]
+    expected = Ensemble([base], "single").generate(PROMPT, max_new_tokens=40)
+    for options in (dict(), dict(aggregator="gac"), dict(sharpen="geometric", lookahead=3)):
+        out = Ensemble([base, *copies], "safe", **options).generate(PROMPT, max_new_tokens=40)
+        assert out.text == expected.text and out.stats.tokens == expected.stats.tokens
+        assert out.stats.ensembled == 0
+        _adds_up(out)
+
+
+# --- the shipped models ------------------------------------------------------------------------
+
+
+@needs_trained
+@pytest.mark.parametrize("drafter", [0, 1], ids=["bpe", "spm"])
+def test_safe_with_copies_of_the_drafter_reproduces_it(shipped_members, drafter):
+    base = shipped_members[drafter]
+    copies = [HFMember(f"copy-{i}", base.model, base.tokenizer) for i in range(2)]
+    single = Ensemble([base], "single")
+    configs = [
+        dict(),
+        dict(aggregator="gac", sharpen="geometric"),
+        dict(sharpen=None, heal=True, lookahead=3),
+    ]
+    safes = [Ensemble([base, *copies[: 1 + i % 2]], "safe", **c) for i, c in enumerate(configs)]
+    for problem in make_problems(3, seed=3):
+        expected = single.generate(problem.messages, max_new_tokens=64)
+        for ens in safes:
+            out = ens.generate(problem.messages, max_new_tokens=64)
+            assert out.text == expected.text and out.finish_reason == expected.finish_reason
+            assert out.stats.tokens == expected.stats.tokens
+            _adds_up(out)
+
+
+@needs_trained
+@pytest.mark.parametrize("drafter", [0, 1], ids=["bpe", "spm"])
+def test_every_member_is_canonical_after_every_cycle(make_ensemble, drafter):
+    ens = make_ensemble("safe", members=[drafter, 1 - drafter], heal=drafter == 1)
+    for problem in make_problems(3, seed=5):
+        text = ""
+        for delta in ens.stream(problem.messages, GenerationConfig(max_new_tokens=96)):
+            text += delta.text
+            for member in ens.members:
+                assert member.text == text and member.ids == member.canonical_ids(text)
+        assert check_answer(text, problem) in (True, False)
