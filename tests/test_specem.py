@@ -1,0 +1,386 @@
+"""SpecEM through the public API: verify-in-line equals separate scoring, the Hedge update,
+persisted weights, streaming by segments with nothing lost at the joins, 2 and 3 members.
+
+Tiny random-weight members draft "\\n" forever when greedy, so structure tests sample (seeded),
+mostly on members whose stop ids are emptied so every request runs several rounds whatever the
+random weights pick; behaviour tests run the shipped models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from core import Ensemble, GenerationConfig, InvalidConfigError
+from core.events import SegmentCandidates, SegmentSelected, WeightsUpdated
+from core.methods.specem import clean_cut, hedge, normalise, win_rates
+from core.sampling import Sampler
+from core.testbed import check_answer, make_problems
+
+PROMPT = [{"role": "user", "content": "Tom has 7 apples. He buys 5 more. How many?"}]
+SAMPLED = GenerationConfig(max_new_tokens=24, temperature=1.0, seed=3)
+
+
+def _events(out, kind):
+    return [e for e in out.events if isinstance(e, kind)]
+
+
+def _matrix(event: SegmentSelected) -> torch.Tensor:
+    """scores[verifier][drafter] as a tensor: rows = verifiers, columns = drafters."""
+    return torch.tensor([list(row.values()) for row in event.scores.values()], dtype=torch.float64)
+
+
+def _authors(event: SegmentSelected) -> list[int]:
+    """The member index of each column of `_matrix(event)`."""
+    names = list(event.scores)
+    return [names.index(d) for d in next(iter(event.scores.values()))]
+
+
+# --- segment boundaries ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("draft", "committed"),
+    [
+        (" 6 - 1 = 5. 5 +", " 6 - 1 = 5. 5"),  # the trailing word may be unfinished
+        (" The capital of France is Paris", " The capital of France is"),
+        ("abc def\n", "abc def"),  # end BEFORE whitespace, never after
+        (" 5 + 8 = 13.", " 5 + 8 = 13."),  # ends with punctuation: a clean end
+        ("Sure", "Sure"),  # no boundary: taken whole (the authors' code drops the "e")
+        ("\n\n", "\n\n"),
+        ("a,b,c", "a,b,"),  # no whitespace: after the last punctuation mark
+        ("计算，结果", "计算，"),
+        ("café au", "café"),
+        (" x  y", " x"),
+    ],
+)
+def test_clean_cut(draft, committed):
+    assert draft[: clean_cut(draft)] == committed
+
+
+# --- the Member change: scoring behind a cached draft, ends, raw logits, fallback -------------
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _full_rows(member, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return member.model(torch.tensor([member.prompt_ids + ids])).logits[0].float()
+
+
+@pytest.fixture(scope="module")
+def eager_members(tiny_dirs):
+    from core import HFMember
+    from core.testbed import MODEL_ORDER
+
+    return [
+        HFMember.load(tiny_dirs[n], device="cpu", attn_implementation="eager") for n in MODEL_ORDER
+    ]
+
+
+@pytest.fixture(scope="module")
+def nonstop(tiny_dirs):
+    """Tiny members that never stop, so a request runs to max_new_tokens (several rounds) whatever
+    the random weights sample."""
+    from core import HFMember
+    from core.testbed import MODEL_ORDER
+
+    members = [HFMember.load(tiny_dirs[n], device="cpu") for n in MODEL_ORDER]
+    for m in members:
+        m.stop_ids = frozenset()
+    return members
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", [0, 1, 2], ids=["bpe", "spm", "word"])
+def test_verify_in_line_behind_a_cached_draft_equals_separate_scoring(
+    tiny_members, eager_members, family, attention
+):
+    member = (tiny_members if attention == "sdpa" else eager_members)[family]
+    assert member.model.config._attn_implementation == attention
+    member.start(PROMPT)
+    base = "Tom has 7 apples."
+    member.sync(base + " He buys 5 more")  # ids beyond the base, as a drafter's own draft
+    member.logprobs([member.n_tokens])  # ...and all of them cached
+    ids, text = list(member.ids), member.text
+    candidates = [" He buys", " He buys 5 more", " 12 apples.\n5", ""]
+    ends = [False, False, True, True]
+    for raw in (False, True):
+        scores = member.score(candidates, base=base, ends=ends, raw=raw)
+        assert member.ids == ids and member.text == text  # the draft is still there...
+        assert member._cached >= len(member.prompt_ids) + len(ids) - 1  # ...and still cached
+        p, prefix = len(member.prompt_ids), member.canonical_ids(base)
+        n = min(  # scores start where the candidates' tokenizations leave the base's
+            _common(prefix, member.canonical_ids(base + c)) for c in candidates
+        )
+        stops = [i for i in member.stop_ids if i < member.vocab.size]
+        for candidate, end, score in zip(candidates, ends, scores, strict=True):
+            full_ids = member.canonical_ids(base + candidate)
+            rows = _full_rows(member, full_ids)
+            rows = rows if raw else torch.log_softmax(rows, -1)
+            expected = [rows[p + i - 1, full_ids[i]] for i in range(n, len(full_ids))]
+            if end:
+                expected.append(torch.logsumexp(rows[p + len(full_ids) - 1, stops], 0))
+            assert torch.allclose(score, torch.stack(expected), atol=1e-4)
+    fresh = torch.log_softmax(_full_rows(member, member.ids)[-1], -1)
+    assert torch.allclose(member.logprobs([member.n_tokens])[0], fresh, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", [0, 1, 2], ids=["bpe", "spm", "word"])
+def test_fallback_without_block_mask_gives_the_same_numbers(tiny_members, family):
+    member = tiny_members[family]
+    member.start(PROMPT)
+    member.sync("Tom has")
+    member.draft(5, Sampler(SAMPLED))
+    candidates, ends = [" 7 apples", " 12", ""], [False, True, True]
+    in_line = member.score(candidates, base="Tom has", ends=ends)
+    member.takes_block_mask = False
+    try:
+        calls = member.calls
+        separate = member.score(candidates, base="Tom has", ends=ends)
+        assert member.calls - calls == 2  # one pass per non-empty continuation
+    finally:
+        member.takes_block_mask = True
+    for a, b in zip(in_line, separate, strict=True):
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+# --- scores and the Hedge update on fixed matrices --------------------------------------------
+
+
+def test_normalisations():
+    values = [torch.tensor([-1.0, -3.0]), torch.tensor([-2.0])]
+    shares = normalise(values, "logprob")  # softmax of the mean log-probs (-2, -2)
+    assert shares == pytest.approx([0.5, 0.5])
+    probs = normalise(values, "prob")  # mean token probability, sum-normalised
+    a, b = (math.exp(-1) + math.exp(-3)) / 2, math.exp(-2)
+    assert probs == pytest.approx([a / (a + b), b / (a + b)])
+    assert normalise([torch.tensor([2.0]), torch.tensor([6.0])], "logit") == pytest.approx(
+        [0.25, 0.75]
+    )
+
+
+def test_hedge_update_k2_by_hand():
+    # verifier rows, candidate columns; member 1 prefers member 0's draft over its own
+    m = torch.tensor([[0.60, 0.40], [0.55, 0.45]], dtype=torch.float64)
+    rewards = win_rates(m, [0, 1])
+    assert rewards.tolist() == [1.0, 0.0]  # the authors' floor would make both 1: no update
+    w = hedge(torch.tensor([0.5, 0.5], dtype=torch.float64), rewards, lr=1.0, t=1)
+    # eta_1 = 1 * sqrt(1/2) / 1 = 0.7071068; w0 = e^eta / (e^eta + 1)
+    assert w.tolist() == pytest.approx([0.6697615, 0.3302385], abs=1e-6)
+    w = hedge(w, rewards, lr=1.0, t=2)  # eta_2 = 0.3535534: 0.6697615 e^eta_2 / (... + 0.3302385)
+    assert w.tolist() == pytest.approx([0.7428167, 0.2571833], abs=1e-6)
+
+
+def test_hedge_update_k3_by_hand():
+    # the sanity example of the research notes: rows = verifiers, columns = candidates
+    m = torch.tensor(
+        [[0.40, 0.35, 0.25], [0.30, 0.45, 0.25], [0.34, 0.33, 0.33]], dtype=torch.float64
+    )
+    rewards = win_rates(m, [0, 1, 2])
+    assert rewards.tolist() == [0.75, 0.5, 0.0]  # wins 3, 2, 0 of (K-1)^2 = 4 comparisons
+    w = hedge(torch.full((3,), 1 / 3, dtype=torch.float64), rewards, lr=0.5, t=1)
+    # eta = 0.5/sqrt(3) = 0.2886751: factors e^0.2165064, e^0.1443376, 1 -> normalised
+    assert w.tolist() == pytest.approx([0.3655370, 0.3400861, 0.2943770], abs=1e-6)
+    # a member that does not draft gets the drafters' mean reward
+    two = win_rates(m[:, [0, 2]], [0, 2])
+    assert two.tolist() == pytest.approx([1.0, 0.5, 0.0])
+
+
+# --- the method through the facade (tiny members: structure) ----------------------------------
+
+
+@pytest.mark.parametrize("members", [[0, 1], [0, 1, 2]], ids=["2", "3"])
+def test_streamed_segments_join_exactly(nonstop, members):
+    ens = Ensemble([nonstop[i] for i in members], "specem")
+    deltas = list(ens.stream(PROMPT, SAMPLED))
+    out = ens.generate(PROMPT, SAMPLED)
+    streamed = "".join(d.text for d in deltas)
+    selected = [e for d in deltas for e in d.events if isinstance(e, SegmentSelected)]
+    candidates = [e for d in deltas for e in d.events if isinstance(e, SegmentCandidates)]
+    assert streamed == out.text == "".join(e.text for e in selected)
+    assert len(selected) == len(candidates) == out.stats.counts["rounds"] >= 2
+    # one delta per committed segment, the first after one round
+    assert [d.text for d in deltas if d.text] == [e.text for e in selected if e.text]
+    assert deltas[0].text == selected[0].text and selected[0].round == 1
+    for c, s in zip(candidates, selected, strict=True):  # what won is what was drafted
+        assert s.text == c.candidates[s.winner]
+    for member in ens.members:  # every member followed the committed text
+        member.sync(out.text)
+        assert member.text == out.text
+    assert out.stats.tokens <= SAMPLED.max_new_tokens
+    assert set(out.stats.weights) == {m.name for m in ens.members}
+
+
+def test_weights_follow_hedge_and_reset_per_request(nonstop):
+    ens = Ensemble(nonstop, "specem", lr=2.0)
+    out = ens.generate(PROMPT, SAMPLED)
+    updates = _events(out, WeightsUpdated)
+    assert updates and out.stats.ensembled == len(updates)
+    w = torch.full((3,), 1 / 3, dtype=torch.float64)
+    for selected in _events(out, SegmentSelected):
+        update = next((u for u in updates if u.round == selected.round), None)
+        if update is None:  # every drafter wrote the same: nothing to learn
+            continue
+        rewards = win_rates(_matrix(selected), _authors(selected))
+        assert list(update.rewards.values()) == pytest.approx(rewards.tolist())
+        w = hedge(w, rewards, lr=2.0, t=selected.round)
+        assert list(update.weights.values()) == pytest.approx(w.tolist())
+        assert selected.weights == update.weights
+    assert list(ens.weights.values()) == pytest.approx(w.tolist())
+    assert ens.generate(PROMPT, SAMPLED).stats.weights == out.stats.weights  # reset per request
+
+
+def test_persisted_weights_survive_requests_and_reset_on_demand(nonstop):
+    ens = Ensemble(nonstop, "specem", persist_weights=True, lr=2.0)
+    first = ens.generate(PROMPT, SAMPLED)
+    after_first = ens.weights
+    assert after_first == first.stats.weights and len(set(after_first.values())) > 1
+    second = ens.generate(PROMPT, SAMPLED)
+    update = _events(second, WeightsUpdated)[0]
+    selected = next(e for e in _events(second, SegmentSelected) if e.round == update.round)
+    w = torch.tensor(list(after_first.values()), dtype=torch.float64)
+    t = first.stats.counts["rounds"] + update.round  # the schedule continues too
+    expected = hedge(w, win_rates(_matrix(selected), _authors(selected)), 2.0, t)
+    assert list(update.weights.values()) == pytest.approx(expected.tolist())
+    ens.reset_weights()
+    assert list(ens.weights.values()) == pytest.approx([1 / 3] * 3)
+    assert ens.generate(PROMPT, SAMPLED).stats.weights == first.stats.weights
+
+
+def test_feedback_off_keeps_uniform_weights(nonstop):
+    ens = Ensemble(nonstop[:2], "specem", feedback=False)
+    out = ens.generate(PROMPT, SAMPLED)
+    assert not _events(out, WeightsUpdated) and out.stats.ensembled >= 1
+    assert out.stats.weights == {m.name: 0.5 for m in ens.members}
+
+
+def test_blockwise_equals_separate_and_recompute_equals_reuse(nonstop):
+    """The same request scored in line, one candidate per pass, and with every cache dropped
+    each round gives the same segments and score matrices."""
+    runs = []
+    for reuse, block in [(True, True), (True, False), (False, True)]:
+        for m in nonstop:
+            m.takes_block_mask = block
+        try:
+            ens = Ensemble(nonstop, "specem", reuse_cache=reuse)
+            runs.append(ens.generate(PROMPT, SAMPLED))
+        finally:
+            for m in nonstop:
+                m.takes_block_mask = True
+    reference = runs[0]
+    for out in runs[1:]:
+        assert out.text == reference.text
+        for a, b in zip(
+            _events(reference, SegmentSelected), _events(out, SegmentSelected), strict=True
+        ):
+            assert torch.allclose(_matrix(a), _matrix(b), atol=1e-4)
+
+
+def test_drafters_subset_and_score_variants(nonstop):
+    names = [m.name for m in nonstop]
+    for score in ("logprob", "prob", "logit"):
+        ens = Ensemble(nonstop, "specem", drafters=[0, names[2]], score=score)
+        out = ens.generate(PROMPT, SAMPLED)
+        for event in _events(out, SegmentCandidates):
+            assert set(event.candidates) <= {names[0], names[2]}
+        selected = _events(out, SegmentSelected)
+        verified = [e for e in selected if any(v != 1.0 for v in e.scores[names[0]].values())]
+        assert verified, "no round had two different candidates"
+        for event in verified:
+            assert list(event.scores) == names  # every member verifies
+            for row in event.scores.values():
+                assert sum(row.values()) == pytest.approx(1.0)
+        assert ens.summary()["drafters"] == [names[0], names[2]]
+
+
+def test_token_cap_counts_the_winners_tokens(nonstop):
+    ens = Ensemble(nonstop, "specem", segment_tokens=4)
+    out = ens.generate(PROMPT, SAMPLED, max_new_tokens=13)
+    assert out.finish_reason == "length" and out.stats.tokens == 13
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"score": "mean"}, "score='mean'"),
+        ({"drafters": [0]}, "at least 2"),
+        ({"drafters": [0, 0]}, "twice"),
+        ({"drafters": [0, "nobody"]}, "not a member"),
+        ({"segment_tokens": 0}, "segment_tokens"),
+        ({"lr": -1}, "lr"),
+        ({"window": 10}, "unknown option"),
+    ],
+)
+def test_bad_options_fail_with_a_clear_error(tiny_members, options, needle):
+    with pytest.raises(InvalidConfigError, match=needle):
+        Ensemble(tiny_members, "specem", **options)
+
+
+# --- the shipped models (behaviour) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("members", [[0, 1], [0, 1, 2]], ids=["2", "3"])
+def test_shipped_models_answer_and_stop(make_ensemble, members):
+    ens = make_ensemble("specem", members)
+    best = make_ensemble("single", members)  # the first member is the best model
+    problems = make_problems(6, seed=7, form="cot")
+    right = alone = 0
+    for problem in problems:
+        out = ens.generate(problem.messages, max_new_tokens=80)
+        assert out.finish_reason == "stop"  # a winning candidate ended the turn
+        assert out.text == "".join(e.text for e in _events(out, SegmentSelected))
+        right += check_answer(out.text, problem)
+        alone += check_answer(best.generate(problem.messages, max_new_tokens=80).text, problem)
+    assert right >= max(alone - 1, 3)  # the 200-problem run: 86.5% vs 76.5% for the best
+
+
+def test_shipped_verify_in_line_equals_separate_scoring(make_ensemble):
+    problem = make_problems(1, seed=7, form="cot")[0]
+    outs = []
+    for block in (True, False):
+        ens = make_ensemble("specem")
+        for m in ens.members:
+            m.takes_block_mask = block
+        try:
+            outs.append(ens.generate(problem.messages, max_new_tokens=60))
+        finally:
+            for m in ens.members:
+                m.takes_block_mask = True
+    assert outs[0].text == outs[1].text
+    pairs = zip(_events(outs[0], SegmentSelected), _events(outs[1], SegmentSelected), strict=True)
+    for a, b in pairs:
+        assert torch.allclose(_matrix(a), _matrix(b), atol=1e-4)
+
+
+def test_a_winning_stop_ends_the_request(tiny_members):
+    ens = Ensemble(tiny_members, "specem")
+    for seed in range(1, 40):  # random weights: find a request where a stop wins
+        seen = []
+        config = GenerationConfig(max_new_tokens=60, temperature=1.0, seed=seed)
+        out = ens.generate(PROMPT, config, on_event=seen.append)
+        if out.finish_reason == "stop":
+            break
+    assert out.finish_reason == "stop" and out.stats.tokens < 60
+    last = [e for e in seen if isinstance(e, SegmentSelected)][-1]
+    assert out.text.endswith(last.text)  # nothing after the segment that ended the turn
+
+
+def test_a_full_context_window_ends_with_length(tmp_path):
+    from core import HFMember
+    from core.testbed import MODEL_ORDER, random_model
+
+    members = [
+        HFMember.load(random_model(name, tmp_path / name, seed=i, max_positions=40), device="cpu")
+        for i, name in enumerate(MODEL_ORDER[:2])
+    ]
+    for m in members:
+        m.stop_ids = frozenset()  # never stop: run into the window
+    out = Ensemble(members, "specem").generate(PROMPT, SAMPLED, max_new_tokens=100)
+    assert out.finish_reason == "length" and 0 < out.stats.tokens < 40
