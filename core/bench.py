@@ -15,7 +15,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -291,11 +291,34 @@ def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: 
     return rows
 
 
+def details(row: dict) -> str:
+    """What a method did, in a few words: SAFE's skip reasons, SpecEM's rounds and winners."""
+    counts, tokens = row["counts"], max(row["tokens"], 1)
+    if any(key.startswith("skip_") for key in counts):
+        skips = [
+            f"{name} {100 * counts.get(f'skip_{name}', 0) / tokens:.0f} %"
+            for name in ("mismatch", "consensus", "gate")
+        ]
+        return "skips: " + ", ".join(skips)
+    if "rounds" in counts:
+        rounds = counts["rounds"]
+        wins = sorted(
+            ((k.removeprefix("won/"), v) for k, v in counts.items() if k.startswith("won/")),
+            key=lambda kv: -kv[1],
+        )
+        won = ", ".join(f"{name} {100 * v / max(rounds, 1):.0f} %" for name, v in wins)
+        return (
+            f"{rounds / max(row['problems'], 1):.1f} rounds/problem, verified "
+            f"{100 * row['ensemble_rate'] * tokens / max(rounds, 1):.0f} %; won: {won}"
+        )
+    return ""
+
+
 def markdown_table(rows: list[dict], with_accuracy: bool) -> str:
     head = ["configuration"]
     head += ["accuracy"] if with_accuracy else []
     head += ["E/T", "tokens/problem", "ms/token", "× drafter", "× fastest single"]
-    head += ["first delta ms", "peak MB"]
+    head += ["first delta ms", "peak MB", "details"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def fmt(value, pattern: str) -> str:
@@ -312,6 +335,7 @@ def markdown_table(rows: list[dict], with_accuracy: bool) -> str:
             fmt(r["ratio_to_fastest_single"], "{:.2f}"),
             fmt(r["first_delta_ms"], "{:.0f}"),
             fmt(r["peak_memory_mb"], "{:.1f}"),
+            details(r),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -361,11 +385,16 @@ def run(
     device: str = "cpu",
     dtype: str = "auto",
     shape: str | None = None,
+    threads: int | None = None,
+    temperature: float = 0.0,
+    ignore_stop: bool = False,
     progress: bool = True,
     command: str = "",
 ) -> dict:
     out = Path(out)
     task_data = load_task(task, n, seed, form)  # bad input fails before any model loads
+    if threads:
+        torch.set_num_threads(threads)
     if shape is not None:
         members = shape_members(shape, device, dtype)
     else:
@@ -374,6 +403,9 @@ def run(
 
             models = [str(p) for p in model_paths()]
         members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    if ignore_stop:  # speed runs of a fixed length: random weights may stop at any time
+        for member in members:
+            member.stop_ids = frozenset()
     names = [m.name for m in members]
     setups = setups_from(names)
     ensembles = {
@@ -384,7 +416,7 @@ def run(
     }
     with_accuracy = shape is None
     out.mkdir(parents=True, exist_ok=True)
-    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature)
     warm = task_data.items[0][0]
     for ensemble in ensembles.values():  # one untimed request each: lazy inits, allocator
         ensemble.generate(warm, GenerationConfig(max_new_tokens=8))
@@ -400,8 +432,9 @@ def run(
         order = setups[index % len(setups) :] + setups[: index % len(setups)]
         sample = {"problem": index}
         for setup in order:
+            seeded = config if config.greedy else replace(config, seed=seed + index)
             record, text = _run_one(
-                ensembles[setup.label], messages, config, check if with_accuracy else None
+                ensembles[setup.label], messages, seeded, check if with_accuracy else None
             )
             records[setup.label].append(record)
             if index < 3:
@@ -430,6 +463,8 @@ def run(
         "device": str(members[0].device),
         "dtype": str(members[0].dtype),
         "shape": shape,
+        "temperature": temperature,
+        "ignore_stop": ignore_stop,
         "members": names,
         "torch_threads": torch.get_num_threads(),
         "rows": rows,

@@ -137,6 +137,9 @@ def bench(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=args.dtype,
         shape=args.shape,
+        threads=args.threads,
+        temperature=args.temperature,
+        ignore_stop=args.ignore_stop,
         command="llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv),
     )
     print(args.out.rstrip("/") + "/results.md")
@@ -186,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--shape", default=None, help="tiny|1b|3b: random weights of real shapes")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling")
+    p.add_argument(
+        "--ignore-stop", action="store_true", help="never stop early (fixed-length speed runs)"
+    )
     p.set_defaults(func=bench)
     return parser
 

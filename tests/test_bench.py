@@ -57,9 +57,12 @@ def test_gpu_shape_mode_runs_on_cpu(tmp_path):
     out = tmp_path / "shape"
     args = ["bench", "--shape", "tiny", "--device", "cpu", "--methods", "single,token"]
     args += ["--aggregator", "gac", "--n", "2", "--max-new-tokens", "8", "--out", str(out)]
+    args += ["--ignore-stop", "--temperature", "1.0", "--threads", "1"]
     assert main(args) == 0
     data, rows = _results(out)
     assert data["shape"] == "tiny" and all(r["accuracy"] is None for r in rows.values())
+    # fixed-length speed runs: nobody stops before max_new_tokens
+    assert all(r["tokens_per_problem"] == 8 for r in rows.values())
     assert "accuracy" not in (out / "results.md").read_text()
 
 

@@ -210,9 +210,10 @@ def test_heuristic_sharpening_gathers_a_split_word():
         dict(aggregator="gac"),
         dict(sharpen="geometric", heal=True),
         dict(aggregator="gac", sharpen=None, heal=True, lookahead=3),
+        dict(heal="oov"),
         dict(drafter="tb-qwen2-spm"),
     ],
-    ids=["unite", "gac", "geo-heal", "gac-heal", "spm-drafts"],
+    ids=["unite", "gac", "geo-heal", "gac-heal", "heal-oov", "spm-drafts"],
 )
 def test_stats_add_up_and_verifiers_stay_canonical(tiny_members, options):
     ens = Ensemble(tiny_members, "safe", **options)

@@ -16,7 +16,7 @@ The ensembled token replaces draft token j, the rest of the draft is dropped, ev
 synced back to the committed text (`Member.sync` does every rollback) and the drafter resumes.
 
 Beyond the paper, `heal=True` reads a verifier by TEXT wherever its tokens and the drafter's do
-not line up, instead of skipping or misreading the position:
+not line up, instead of skipping or misreading the position (`heal="oov"` only does the first):
 - at a position that is OOV-like for it (the drafter's boundary falls inside one of its
   tokens), from its last real token boundary: P(its continuation spells the partial text u +
   candidate c) / P(u);
@@ -57,7 +57,6 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -236,7 +235,6 @@ class _View:
 class Safe(Method):
     name = "safe"
     min_members = 2
-    heal_spans: ClassVar[bool] = True  # ablation: False heals only OOV-like positions
 
     def __init__(
         self,
@@ -247,7 +245,7 @@ class Safe(Method):
         top_k: int = 10,
         sharpen: str | None = "heuristic",
         threshold: float = 0.1,
-        heal: bool = False,
+        heal: bool | str = False,
     ) -> None:
         super().__init__(members)
         check_choice("aggregator", aggregator, AGGREGATORS)
@@ -262,15 +260,19 @@ class Safe(Method):
             raise InvalidConfigError(
                 f"threshold={threshold!r} must be in [0, 1) (sharpening's lambda; paper: 0.1)."
             )
-        if not isinstance(heal, bool):
-            raise InvalidConfigError(f"heal={heal!r} must be True or False.")
+        if heal not in (False, True, "oov"):
+            raise InvalidConfigError(
+                f"heal={heal!r} must be False (the paper), True, or 'oov' (heal only positions "
+                "that are OOV-like for a verifier)."
+            )
         self.drafter = pick_member(self.members, drafter, "drafter")
         self.lookahead = lookahead
         self.aggregator = aggregator
         self.top_k = top_k
         self.sharpening = sharpen
         self.threshold = float(threshold)
-        self.heal = heal
+        self.heal = heal is not False
+        self.heal_spans = heal is True  # "oov": not where a verifier's token ends inside ours
         self._union: UnionVocab | None = None  # GaC's full union, built once
         self._union_index: dict[str, int] = {}
         self._indexes: dict[int, _ByteIndex] = {}
@@ -288,7 +290,7 @@ class Safe(Method):
             "lookahead": self.lookahead,
             "aggregator": self.aggregator,
             "sharpen": self.sharpening,
-            "heal": self.heal,
+            "heal": "oov" if self.heal and not self.heal_spans else self.heal,
         }
 
     def _index(self, i: int) -> _ByteIndex:
