@@ -1,0 +1,75 @@
+"""Tiny demo models with three different tokenizers, and the synthetic task they were trained on.
+
+    from core.testbed import model_paths, make_problems, check_answer
+    paths = model_paths()                                # the three shipped model directories
+    problems = make_problems(200, seed=1, form="cot")    # "cot" | "rag" | "react"
+    check_answer(text, problems[0])
+
+Built by ``python -m core.testbed.build`` (deterministic); see ``models/REPORT.md``.
+
+The models were trained on ReAct traces in exactly the messages this LlamaIndex agent sends
+(checked against the real classes in tests/test_testbed_forms.py)::
+
+    from llama_index.core.agent.react.formatter import ReActChatFormatter
+    from llama_index.core.agent.workflow import ReActAgent
+    from llama_index.core.tools import FunctionTool
+    from core.testbed import (CALCULATOR_DESCRIPTION, CALCULATOR_NAME, REACT_SYSTEM_HEADER,
+                              calculator)
+
+    tool = FunctionTool.from_defaults(fn=calculator, name=CALCULATOR_NAME,
+                                      description=CALCULATOR_DESCRIPTION)
+    agent = ReActAgent(tools=[tool], llm=llm,  # no system_prompt: it would replace the header
+                       formatter=ReActChatFormatter.from_defaults(system_header=REACT_SYSTEM_HEADER))
+    await agent.run(user_msg=problem.question)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .models import MODELS_DIR, random_model
+from .task import (
+    CALCULATOR_ARG,
+    CALCULATOR_DESCRIPTION,
+    CALCULATOR_NAME,
+    CALCULATOR_TOOL_DESC,
+    REACT_FINAL_THOUGHT,
+    REACT_SYSTEM_HEADER,
+    Problem,
+    calculator,
+    check_answer,
+    extract_answer,
+    make_problems,
+    react_steps,
+    react_system_message,
+    score,
+)
+
+# Best first: methods use the first member as the drafter by default.
+MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
+
+
+def model_paths() -> list[Path]:
+    """The shipped models' directories, in a fixed order (best-performing first)."""
+    return [MODELS_DIR / name for name in MODEL_ORDER]
+
+
+__all__ = [
+    "CALCULATOR_ARG",
+    "CALCULATOR_DESCRIPTION",
+    "CALCULATOR_NAME",
+    "CALCULATOR_TOOL_DESC",
+    "MODEL_ORDER",
+    "REACT_FINAL_THOUGHT",
+    "REACT_SYSTEM_HEADER",
+    "Problem",
+    "calculator",
+    "check_answer",
+    "extract_answer",
+    "make_problems",
+    "model_paths",
+    "random_model",
+    "react_steps",
+    "react_system_message",
+    "score",
+]

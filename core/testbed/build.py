@@ -1,0 +1,189 @@
+"""Build the testbed: tokenizers, three trained models, and a report. Deterministic.
+
+    python -m core.testbed.build                     # everything (~11 min on 2 idle CPU cores)
+    python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
+    python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
+
+Each model trains on its own mix, so that each is imperfect and their errors differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+from .data import tokenizer_corpus
+from .evaluate import answers
+from .models import MEMBERS, MODELS_DIR, generation_config, make_config
+from .task import check_answer, make_problems
+from .tokenizers import load_tokenizer, train_tokenizer
+from .train import TrainConfig, train
+
+THREADS = 2
+MIX = {"cot": 0.55, "rag": 0.25, "react": 0.2}  # share of batches per form
+RECIPES = {  # different mixes: mostly additions / mostly subtractions / mixed but brief
+    "tb-gpt2-bpe": TrainConfig(steps=800, lr=3e-3, p_add=0.7, seed=1, form_weights=MIX),
+    "tb-qwen2-spm": TrainConfig(steps=700, lr=3e-3, p_add=0.3, seed=2, form_weights=MIX),
+    "tb-llama-word": TrainConfig(steps=600, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
+}
+EVAL = {"cot": 200, "rag": 50, "react": 20}  # held-out problems per form, seed 1
+
+
+def build_tokenizers() -> None:
+    corpus = tokenizer_corpus()
+    for spec in MEMBERS.values():
+        tok = train_tokenizer(spec.tokenizer, corpus)
+        tok.save_pretrained(MODELS_DIR / spec.name)
+        print(f"{spec.name}: tokenizer {spec.tokenizer} with {len(tok)} tokens")
+
+
+def build_model(name: str) -> dict:
+    spec, recipe, out = MEMBERS[name], RECIPES[name], MODELS_DIR / name
+    tok = load_tokenizer(out)
+    torch.manual_seed(recipe.seed)
+    model = AutoModelForCausalLM.from_config(make_config(spec.model_type, tok, **spec.shape))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {spec.model_type}, {params:,} parameters, {recipe.steps} steps")
+    info = train(model, tok, recipe)
+    model.generation_config = generation_config(spec, tok)
+    model.save_pretrained(out)
+    return {"parameters": params, "train_seconds": round(info["seconds"], 1), "steps": recipe.steps,
+            "final_loss": round(info["final_loss"], 4), "p_add": recipe.p_add}  # fmt: skip
+
+
+def evaluate_all() -> dict:
+    """Greedy accuracy per model and form; which cot problems each got right."""
+    results = {}
+    for name in MEMBERS:
+        path = MODELS_DIR / name
+        tok = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        t0, res = time.time(), {}
+        for form, n in EVAL.items():
+            problems = make_problems(n, seed=1, form=form)
+            texts = answers(model, tok, problems)
+            right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
+            res[form] = sum(right) / n
+            if form == "cot":
+                res["cot_right"] = right
+            if form == "react":  # the loop reached a final answer through well-formed steps
+                res["react_finished"] = sum(t != "" for t in texts) / n
+        res["eval_seconds"] = round(time.time() - t0, 1)
+        print(
+            f"{name}: "
+            + ", ".join(f"{f} {res[f]:.3f}" for f in EVAL)
+            + f" ({res['eval_seconds']} s)"
+        )
+        results[name] = res
+    return results
+
+
+def write_report(trained: dict, results: dict, build_seconds: float | None) -> None:
+    names = list(MEMBERS)
+    right = [results[n]["cot_right"] for n in names]
+    n = len(right[0])
+    either = sum(any(r) for r in zip(*right, strict=True)) / n
+    all_right = sum(all(r) for r in zip(*right, strict=True)) / n
+    pairs = {
+        f"{a}+{b}": sum(x or y for x, y in zip(right[i], right[j], strict=True)) / n
+        for i, a in enumerate(names)
+        for j, b in enumerate(names)
+        if i < j
+    }
+    sizes = {name: sum(f.stat().st_size for f in (MODELS_DIR / name).iterdir()) for name in names}
+    order = sorted(names, key=lambda m: -results[m]["cot"])
+    report = {
+        "models": {
+            m: {
+                **trained.get(m, {}),
+                **{k: v for k, v in results[m].items() if k != "cot_right"},
+                "model_type": MEMBERS[m].model_type,
+                "tokenizer": MEMBERS[m].tokenizer,
+                "bytes": sizes[m],
+            }  # fmt: skip
+            for m in names
+        },
+        "eval_problems": EVAL,
+        "cot_any_right": either,
+        "cot_all_right": all_right,
+        "cot_pair_any_right": pairs,
+        "order_best_first": order,
+        "build_seconds": None if build_seconds is None else round(build_seconds),
+        "total_bytes": sum(sizes.values()),
+        "environment": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": THREADS,
+            "machine": platform.machine(),
+        },  # fmt: skip
+        "cot_right": {m: results[m]["cot_right"] for m in names},
+    }
+    (MODELS_DIR / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+
+    rows = []
+    for m in names:
+        r = report["models"][m]
+        rows.append(
+            f"| {m} | {r['model_type']} | {r['tokenizer']} | {r.get('parameters', '?'):,} | "
+            f"{r.get('steps', '?')} | {r.get('train_seconds', '?')} | {r['cot']:.1%} | "
+            f"{r['rag']:.1%} | {r['react']:.1%} ({r['react_finished']:.0%}) | "
+            f"{r['bytes'] / 1e6:.1f} MB |"
+        )
+    pair_lines = "\n".join(f"- {k}: {v:.1%}" for k, v in pairs.items())
+    md = f"""# Testbed models: report
+
+Written by `python -m core.testbed.build`. Greedy `model.generate`, one problem at a time, on
+held-out problems (`make_problems(n, seed=1, form=..., split="test")`): {EVAL["cot"]} cot,
+{EVAL["rag"]} rag, {EVAL["react"]} react (the ReAct loop played with `calculator`, right if the
+final answer is). CPU, {THREADS} threads; times are wall clock, and grow when the machine is shared.
+
+| model | arch | tokenizer | parameters | steps | train s | cot | rag | react (finished) | size |
+|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+- cot, at least one model right: **{either:.1%}**; all three right: {all_right:.1%}
+{pair_lines}
+- order (best cot first, as `model_paths()` returns them): {", ".join(order)}
+- total size: {report["total_bytes"] / 1e6:.1f} MB; build time: {report["build_seconds"]} s
+"""
+    (MODELS_DIR / "REPORT.md").write_text(md)
+    print(md)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", choices=["tokenizers", "eval"], default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(THREADS)
+    t0 = time.time()
+    trained = {}
+    if args.only == "eval":
+        old = MODELS_DIR / "report.json"
+        if old.exists():
+            trained = {
+                m: {
+                    k: v
+                    for k, v in r.items()
+                    if k in ("parameters", "train_seconds", "steps", "final_loss", "p_add")
+                }
+                for m, r in json.loads(old.read_text())["models"].items()
+            }
+    else:
+        build_tokenizers()
+        if args.only == "tokenizers":
+            return
+        trained = {name: build_model(name) for name in MEMBERS}
+    results = evaluate_all()
+    write_report(trained, results, None if args.only == "eval" else time.time() - t0)
+
+
+if __name__ == "__main__":
+    main()
