@@ -23,6 +23,7 @@ from .errors import EnsembleError, InvalidConfigError, MemberError
 from .events import Event
 from .member import ContextOverflow, HFMember, Member
 from .methods import Request, build_method, check_method
+from .remote import Remote, connect
 from .sampling import Sampler
 from .stops import StopFilter
 
@@ -39,7 +40,7 @@ def _per_member(value: Any, n: int, what: str) -> list[Any]:
 
 
 class Ensemble:
-    def __init__(self, members: Sequence[Member], method: str = "token", **options: Any) -> None:
+    def __init__(self, members: Sequence[Member], method: str = "safe", **options: Any) -> None:
         if not members:
             raise InvalidConfigError("an ensemble needs at least one member.")
         seen: dict[str, int] = {}
@@ -58,8 +59,8 @@ class Ensemble:
     @classmethod
     def from_pretrained(
         cls,
-        models: str | os.PathLike | Sequence[str | os.PathLike],
-        method: str = "token",
+        models: str | os.PathLike | Remote | Sequence[str | os.PathLike | Remote],
+        method: str = "safe",
         *,
         device: str | Sequence[str] = "auto",
         dtype: str | Sequence[str] = "auto",
@@ -69,8 +70,10 @@ class Ensemble:
         progress: bool = False,
         **options: Any,
     ) -> Ensemble:
-        """Load members from local directories or hub ids. SAFE: the first member drafts."""
-        if isinstance(models, (str, os.PathLike)):
+        """Load members from local directories or hub ids, or connect to members served by vLLM
+        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the first
+        member drafts. `device`/`dtype` concern in-process members only."""
+        if isinstance(models, (str, os.PathLike, Remote)):
             models = [models]
         models = list(models)
         if not models:
@@ -87,7 +90,9 @@ class Ensemble:
 
             steps = tqdm(steps, desc="loading models", unit="model")
         members = [
-            HFMember.load(
+            connect(models[i], labels[i])
+            if isinstance(models[i], Remote)
+            else HFMember.load(
                 models[i],
                 device=devices[i],
                 dtype=dtypes[i],

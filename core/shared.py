@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .ensemble import Ensemble
+from .remote import Remote
 
 _loaded: weakref.WeakValueDictionary[str, Ensemble] = weakref.WeakValueDictionary()
 _loading = threading.Lock()  # one load at a time: two threads asking together load once
@@ -27,16 +28,20 @@ _loading = threading.Lock()  # one load at a time: two threads asking together l
 _recent: collections.deque[Ensemble] = collections.deque(maxlen=2)
 
 
-def _source_key(model: str | os.PathLike) -> str:
+def _source_key(model: str | os.PathLike | Remote) -> str:
+    if isinstance(model, Remote):
+        return repr(model)
     path = Path(os.fspath(model)).expanduser()
     return str(path.resolve()) if path.exists() else os.fspath(model)
 
 
 def configuration_key(
-    models: str | os.PathLike | Sequence[str | os.PathLike], method: str, options: dict[str, Any]
+    models: str | os.PathLike | Remote | Sequence[str | os.PathLike | Remote],
+    method: str,
+    options: dict[str, Any],
 ) -> str:
     """Equal for configurations that load the same models the same way."""
-    if isinstance(models, (str, os.PathLike)):
+    if isinstance(models, (str, os.PathLike, Remote)):
         models = [models]
     sources = [_source_key(m) for m in models]
     settings = sorted((k, repr(v)) for k, v in options.items())
@@ -44,7 +49,7 @@ def configuration_key(
 
 
 def shared_ensemble(
-    models: str | os.PathLike | Sequence[str | os.PathLike], method: str = "token", **kwargs: Any
+    models: str | os.PathLike | Sequence[str | os.PathLike], method: str = "safe", **kwargs: Any
 ) -> Ensemble:
     """`Ensemble.from_pretrained(models, method, **kwargs)`, loaded once per configuration."""
     key = configuration_key(models, method, kwargs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -37,6 +36,7 @@ from core.concurrency import iterate_in_thread
 from core.events import Event
 from core.loading import check_model_source
 from core.methods import check_method
+from core.remote import Remote, source_label
 from core.shared import shared_ensemble
 from core.summary import request_summary
 
@@ -63,11 +63,12 @@ class EnsembleLLM(CustomLLM):
     the same loading configuration. `ensemble=` wraps an `Ensemble` you built yourself.
     """
 
-    models: list[str] = Field(
+    models: list[str | Remote] = Field(
         default_factory=list,
-        description="Local model directories or hub ids (SAFE drafts with the first).",
+        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
+        "(SAFE drafts with the first).",
     )
-    method: str = Field(default="token", description="'token' | 'single' | 'safe' | 'specem'.")
+    method: str = Field(default="safe", description="'safe' | 'specem' | 'token' | 'single'.")
     method_options: dict[str, Any] = Field(
         default_factory=dict, description="Options of the method, e.g. {'member': 1}."
     )
@@ -89,10 +90,12 @@ class EnsembleLLM(CustomLLM):
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
         models = data.get("models")
-        if isinstance(models, (str, os.PathLike)):
+        if isinstance(models, (str, os.PathLike, Remote)):
             models = [models]
         if models is not None:
-            data["models"] = [os.fspath(m) for m in models]
+            data["models"] = [
+                os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in models
+            ]
         if ensemble is not None:
             given = [k for k in _LOADING if k in data]
             if given:
@@ -115,7 +118,8 @@ class EnsembleLLM(CustomLLM):
                 )
             check_method(self.method, len(self.models), self.method_options)  # before loading
             for model in self.models:  # a wrong path fails now; loading waits for first use
-                check_model_source(model)
+                if not isinstance(model, Remote):
+                    check_model_source(model)
             for what in ("device", "dtype", "names"):
                 value = getattr(self, what)
                 if isinstance(value, list) and len(value) != len(self.models):
@@ -207,7 +211,7 @@ class EnsembleLLM(CustomLLM):
     # --- wiring ----------------------------------------------------------------------------
 
     def _label(self) -> str:
-        names = self.names or [Path(m).name or m for m in self.models]
+        names = self.names or [source_label(m) for m in self.models]
         return f"ensemble-{self.method}:{'+'.join(names)}"
 
     def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]]:

@@ -127,7 +127,7 @@ def test_metadata_reports_the_smallest_window(tmp_path, tiny_dirs):
     meta = llm.metadata
     assert meta.context_window == 320 and meta.num_output == 33
     assert meta.is_chat_model and not meta.is_function_calling_model
-    assert meta.model_name == f"ensemble-token:{MODEL_ORDER[0]}+short"
+    assert meta.model_name == f"ensemble-safe:{MODEL_ORDER[0]}+short"
 
 
 def test_usage_is_reported_in_raw_and_counted_by_token_counting_handler(llm):
