@@ -30,7 +30,8 @@ from .methods import METHOD_NAMES, method_class
 # Random-weight shapes of real models, on the testbed tokenizers (speed only: accuracy is
 # meaningless for random weights). Keys are testbed model names.
 SHAPES: dict[str, dict[str, dict[str, int]]] = {
-    "tiny": {},
+    "tiny": {},  # 2 layers, hidden 32: the structural tests' models
+    "testbed": {},  # the shipped models' own shapes
     "1b": {  # GPT-2 large, Qwen2.5-1.5B, Llama-3.2-1B
         "tb-gpt2-bpe": dict(hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),
         "tb-qwen2-spm": dict(
@@ -191,9 +192,14 @@ def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
     members = []
     for seed, name in enumerate(MODEL_ORDER):
         spec, tok = MEMBERS[name], load_tokenizer(MODELS_DIR / name)
-        sizes = SHAPES[shape].get(name) or {
-            k: v for k, v in TINY.items() if not (k == "num_kv_heads" and spec.model_type == "gpt2")
-        }
+        if shape == "testbed":
+            sizes = dict(spec.shape)
+        else:
+            sizes = SHAPES[shape].get(name) or {
+                k: v
+                for k, v in TINY.items()
+                if not (k == "num_kv_heads" and spec.model_type == "gpt2")
+            }
         torch.manual_seed(seed)
         with target:
             model = AutoModelForCausalLM.from_config(

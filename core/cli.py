@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--shape", default=None, help="tiny|1b|3b: random weights of real shapes")
+    p.add_argument(
+        "--shape", default=None, help="tiny|testbed|1b|3b: random weights of these shapes"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling")
     p.add_argument(

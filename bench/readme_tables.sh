@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The runs behind the README's tables, each ONE `llm-ensembling bench` run (configurations
+# interleaved problem by problem, caches reset before every request, ratios from the same run).
+#   bench/readme_tables.sh [main|safe|kv|all]      (CPU; ~1 h for all on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BENCH=${BENCH:-.venv/bin/llm-ensembling bench}
+OUT=${OUT:-bench/results}
+MODELS=core/testbed/models
+
+main() {  # every method on the three shipped models (issues 2, 3, 4, 7)
+  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" \
+    --methods single,token --aggregator unite,gac \
+    --config "token unite geometric=token:aggregator=unite,aggregation=geometric" \
+    --config "token gac geometric=token:aggregator=gac,aggregation=geometric" \
+    --config "safe unite=safe" \
+    --config "safe gac=safe:aggregator=gac" \
+    --config "safe unite heal=safe:heal=true,sharpen=geometric" \
+    --config "specem=specem" \
+    --config "specem no feedback=specem:feedback=false"
+}
+
+safe() {  # SAFE in both drafter orders: bpe (coarser digits) and spm (finer digits) drafting
+  local configs=() order name agg sharpen heal suffix
+  for order in "bpe:0+1" "spm:1+0"; do
+    name=${order%%:*}
+    for agg in unite gac; do
+      for sharpen in heuristic geometric none; do
+        for heal in false true; do
+          suffix=""; [ "$heal" = true ] && suffix=" heal"
+          configs+=(--config "safe[$name] $agg $sharpen$suffix=safe:members=${order#*:},aggregator=$agg,sharpen=$sharpen,heal=$heal")
+        done
+      done
+      configs+=(--config "safe[$name] $agg heuristic heal-oov=safe:members=${order#*:},aggregator=$agg,heal=oov")
+    done
+  done
+  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/safe" \
+    --model "$MODELS/tb-gpt2-bpe" --model "$MODELS/tb-qwen2-spm" \
+    --methods single --aggregator unite,gac \
+    --config "token unite=token:aggregator=unite" --config "token gac=token:aggregator=gac" \
+    --config "token unite geometric=token:aggregator=unite,aggregation=geometric" \
+    --config "token gac geometric=token:aggregator=gac,aggregation=geometric" \
+    "${configs[@]}"
+}
+
+kv() {  # SpecEM's KV reuse against recomputing every cache every round, 512 output tokens
+  $BENCH --shape testbed --ignore-stop --temperature 1 --n 3 --threads 1 \
+    --max-new-tokens 512 --out "$OUT/kv" --methods "" \
+    --config "specem (reuse caches)=specem" \
+    --config "specem (recompute every round)=specem:reuse_cache=false"
+}
+
+case "${1:-all}" in
+  main) main ;;
+  safe) safe ;;
+  kv) kv ;;
+  all) main; safe; kv ;;
+  *) echo "usage: $0 [main|safe|kv|all]" >&2; exit 2 ;;
+esac
