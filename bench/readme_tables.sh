@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runs behind the README's tables, each ONE `llm-ensembling bench` run (configurations
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
-#   bench/readme_tables.sh [main|safe|kv|all]      (CPU; ~1 h for all on 2 cores)
+#   bench/readme_tables.sh [main|safe|kv|remote|all]      (CPU; ~1.5 h for all on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-.venv/bin/llm-ensembling bench}
@@ -50,10 +50,33 @@ kv() {  # SpecEM's KV reuse against recomputing every cache every round, 512 out
     --config "specem (recompute every round)=specem:reuse_cache=false"
 }
 
+remote() {  # members on vLLM servers against in-process, with and without prefix caching
+  local flags out log
+  for flags in "" "--no-enable-prefix-caching"; do
+    out=$OUT/remote; [ -n "$flags" ] && out=$OUT/remote-no-prefix-cache
+    log=$(mktemp)
+    VLLM_EXTRA_ARGS=$flags bash .ci/remote.sh serve >"$log" 2>&1 &
+    local serve=$!
+    until grep -q "^export LLM_ENSEMBLING_SERVERS=" "$log"; do
+      kill -0 "$serve" 2>/dev/null || { cat "$log"; return 1; }
+      sleep 2
+    done
+    local servers; servers=$(sed -n 's/^export LLM_ENSEMBLING_SERVERS=//p' "$log")
+    local urls=(); mapfile -t urls < <(.venv/bin/python -c \
+      'import json,sys; [print(s["base_url"]) for s in json.load(open(sys.argv[1]))]' "$servers")
+    $BENCH --n 20 --threads 1 --max-new-tokens 128 --out "$out" \
+      --model "$MODELS/tb-gpt2-bpe" --remote "${urls[0]}" \
+      --model "$MODELS/tb-qwen2-spm" --remote "${urls[1]}" \
+      --methods single,token,safe,specem --aggregator unite || true
+    kill -TERM "$serve"; wait "$serve" || true; rm -f "$log"
+  done
+}
+
 case "${1:-all}" in
   main) main ;;
   safe) safe ;;
   kv) kv ;;
-  all) main; safe; kv ;;
-  *) echo "usage: $0 [main|safe|kv|all]" >&2; exit 2 ;;
+  remote) remote ;;
+  all) main; safe; kv; remote ;;
+  *) echo "usage: $0 [main|safe|kv|remote|all]" >&2; exit 2 ;;
 esac

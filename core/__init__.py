@@ -16,9 +16,11 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     NotCausalLMError,
+    ServerError,
     TokenizerMismatchError,
 )
 from .member import Draft, HFMember, Member
+from .remote import Remote, RemoteMember
 
 __version__ = "0.1.0"
 
@@ -40,6 +42,9 @@ __all__ = [
     "ModelNotFoundError",
     "NotCausalLMError",
     "Output",
+    "Remote",
+    "RemoteMember",
+    "ServerError",
     "Stats",
     "TokenizerMismatchError",
     "__version__",

@@ -112,10 +112,14 @@ class Setup:
     method: str
     options: dict[str, Any] = field(default_factory=dict)
     members: list[int] | None = None  # indices into the loaded members; None = all
+    served_twin_of: str | None = None  # --remote: the in-process setup this one mirrors
+
+    def chosen(self, n_members: int) -> list[int]:
+        return list(self.members) if self.members is not None else list(range(n_members))
 
     def drafter(self, n_members: int) -> int:
         """The member whose speed alone is this configuration's reference."""
-        chosen = self.members or list(range(n_members))
+        chosen = self.chosen(n_members)
         if self.method == "single":
             return chosen[self.options.get("member", 0)]
         return chosen[self.options.get("drafter", 0)] if self.method == "safe" else chosen[0]
@@ -221,6 +225,34 @@ class Record:
     counts: dict[str, int]
 
 
+def _with_served(
+    members: list[Member],
+    setups: list[Setup],
+    urls: list[str],
+    models: Sequence[str] | None,
+    shape: str | None,
+) -> tuple[list[Member], list[Setup]]:
+    """The in-process members plus one served copy of each (`--remote URL` per model, in
+    order; the server must serve the same model), and every setup twinned onto the copies."""
+    from .remote import Remote, connect
+
+    if shape is not None:
+        raise InvalidConfigError(
+            "--remote compares served models with the same models loaded "
+            "here; it does not combine with --shape."
+        )
+    if len(urls) != len(members):
+        raise InvalidConfigError(
+            f"--remote was given {len(urls)} URLs for {len(members)} models; pass one server "
+            "URL per model, in the order of --model (the shipped models by default)."
+        )
+    served = [
+        connect(Remote(url, tokenizer=str(path), name=f"{member.name} (served)"))
+        for url, path, member in zip(urls, models or [], members, strict=True)
+    ]
+    return members + served, setups + served_twins(setups, len(members))
+
+
 def _run_one(
     ensemble: Ensemble, messages: list[dict], config: GenerationConfig, check
 ) -> tuple[Record, str]:
@@ -283,7 +315,8 @@ def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: 
                 "drafter": setup.drafter(n_members),
             }
         )
-    singles = {r["options"]["member"]: r for r in rows if r["method"] == "single"}
+    singles = {r["drafter"]: r for r in rows if r["method"] == "single"}  # by member index
+    by_label = {r["label"]: r for r in rows}
     fastest = min((r["ms_per_token"] for r in singles.values() if r["ms_per_token"]), default=None)
     for row in rows:
         alone = singles.get(row["drafter"])
@@ -294,7 +327,29 @@ def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: 
             else None
         )
         row["ratio_to_fastest_single"] = per_token / fastest if per_token and fastest else None
+    for setup in setups:
+        if setup.served_twin_of:
+            row, local = by_label[setup.label], by_label[setup.served_twin_of]
+            row["ratio_to_in_process"] = (
+                row["ms_per_token"] / local["ms_per_token"]
+                if row["ms_per_token"] and local["ms_per_token"]
+                else None
+            )
     return rows
+
+
+def served_twins(setups: list[Setup], n_local: int) -> list[Setup]:
+    """`--remote`: every setup again, on the served copies of its members (indices shifted
+    past the in-process ones), so both run on the same problems, interleaved, in one run."""
+    return [
+        replace(
+            s,
+            label=f"{s.label} (served)",
+            members=[n_local + i for i in s.chosen(n_local)],
+            served_twin_of=s.label,
+        )
+        for s in setups
+    ]
 
 
 def details(row: dict) -> str:
@@ -324,6 +379,8 @@ def markdown_table(rows: list[dict], with_accuracy: bool) -> str:
     head = ["configuration"]
     head += ["accuracy"] if with_accuracy else []
     head += ["E/T", "tokens/problem", "ms/token", "× drafter", "× fastest single"]
+    served = any("ratio_to_in_process" in r for r in rows)
+    head += ["× in-process"] if served else []
     head += ["first delta ms", "peak MB", "details"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -339,6 +396,7 @@ def markdown_table(rows: list[dict], with_accuracy: bool) -> str:
             fmt(r["ms_per_token"], "{:.2f}"),
             fmt(r["ratio_to_drafter"], "{:.2f}"),
             fmt(r["ratio_to_fastest_single"], "{:.2f}"),
+            *([fmt(r.get("ratio_to_in_process"), "{:.2f}")] if served else []),
             fmt(r["first_delta_ms"], "{:.0f}"),
             fmt(r["peak_memory_mb"], "{:.1f}"),
             details(r),
@@ -394,6 +452,7 @@ def run(
     threads: int | None = None,
     temperature: float = 0.0,
     ignore_stop: bool = False,
+    remote: Sequence[str] = (),
     progress: bool = True,
     command: str = "",
 ) -> dict:
@@ -409,11 +468,13 @@ def run(
 
             models = [str(p) for p in model_paths()]
         members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    names = [m.name for m in members]
+    setups = setups_from(names)
+    if remote:
+        members, setups = _with_served(members, setups, list(remote), models, shape)
     if ignore_stop:  # speed runs of a fixed length: random weights may stop at any time
         for member in members:
             member.stop_ids = frozenset()
-    names = [m.name for m in members]
-    setups = setups_from(names)
     ensembles = {
         s.label: Ensemble(
             [members[i] for i in (s.members or range(len(members)))], s.method, **s.options
@@ -472,6 +533,7 @@ def run(
         "temperature": temperature,
         "ignore_stop": ignore_stop,
         "members": names,
+        "remote": list(remote),
         "torch_threads": torch.get_num_threads(),
         "rows": rows,
         "per_problem": {label: [asdict(r) for r in rs] for label, rs in records.items()},

@@ -140,6 +140,7 @@ def bench(args: argparse.Namespace) -> None:
         threads=args.threads,
         temperature=args.temperature,
         ignore_stop=args.ignore_stop,
+        remote=args.remote,
         command="llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv),
     )
     print(args.out.rstrip("/") + "/results.md")
@@ -195,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling")
     p.add_argument(
         "--ignore-stop", action="store_true", help="never stop early (fixed-length speed runs)"
+    )
+    p.add_argument(
+        "--remote",
+        action="append",
+        default=[],
+        help="a vLLM server's URL serving the n-th model (repeat per model): every "
+        "configuration also runs with its members on the servers, in the same run",
     )
     p.set_defaults(func=bench)
     return parser

@@ -49,3 +49,8 @@ class ContextWindowError(EnsembleError):
 
 class MemberError(EnsembleError):
     """A member failed while generating (the message names the member)."""
+
+
+class ServerError(MemberError):
+    """A remote member's server is down, timed out, or refused a request (the message names the
+    member and the URL). The ensemble stays usable: the next request starts afresh."""

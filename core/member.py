@@ -60,6 +60,7 @@ class Member(ABC):
     vocab: Vocab
     stop_ids: frozenset[int]
     context_window: int
+    gives_logits = True  # `score(raw=True)` works (a server may give log-probs only)
 
     def __init__(self) -> None:
         self._seq: list[int] = []  # prompt ids + response ids
@@ -93,6 +94,12 @@ class Member(ABC):
     def token_ends(self) -> list[int]:
         """Byte offsets (in the UTF-8 response) where each response token ends."""
         return list(self._ends)
+
+    @property
+    def lane(self) -> str:
+        """Members on one lane compute one after the other, distinct lanes overlap
+        (`core.parallel`): in-process members share their device, a remote one has its own."""
+        return "local"
 
     @property
     def room(self) -> int:
@@ -296,6 +303,13 @@ class HFMember(Member):
         return cls(name or Path(source).name or source, model, tokenizer)
 
     # --- cache and forward ----------------------------------------------------------------
+
+    @property
+    def lane(self) -> str:
+        device = self.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return str(device)
 
     def memory_bytes(self) -> int:
         total = 0

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -27,6 +26,7 @@ from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.events import Event
 from core.methods import check_method
+from core.remote import Remote, source_label
 from core.shared import shared_ensemble
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
@@ -66,9 +66,10 @@ class ChatEnsemble(BaseChatModel):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    models: list[str] = Field(
+    models: list[str | Remote] = Field(
         default_factory=list,
-        description="Local model directories or hub ids. SAFE: the first one drafts.",
+        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
+        "(a dict of Remote's fields works too). SAFE: the first one drafts.",
     )
     method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
     method_options: dict[str, Any] = Field(
@@ -109,7 +110,7 @@ class ChatEnsemble(BaseChatModel):
     @field_validator("models", mode="before")
     @classmethod
     def _model_list(cls, value: Any) -> Any:
-        if isinstance(value, (str, os.PathLike)):
+        if isinstance(value, (str, os.PathLike, Remote)):
             value = [value]
         if isinstance(value, (list, tuple)):
             return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
@@ -126,7 +127,7 @@ class ChatEnsemble(BaseChatModel):
         selected_events(self.ensemble_events)
         self._config(None, {})  # temperature, top_p, max_tokens, stop: checked now, not later
         if not self.model_name:
-            names = "+".join(Path(m).name or m for m in self.models)
+            names = "+".join(source_label(m) for m in self.models)
             self.model_name = f"ensemble-{self.method}:{names}"
         return self
 

@@ -64,6 +64,7 @@ from ..aggregate import SHARPENINGS, sharpen
 from ..errors import InvalidConfigError
 from ..events import Drafted, EnsemblePoint, SkipConsensus, SkipMismatch
 from ..member import Draft, Member
+from ..parallel import each
 from ..sampling import Sampler
 from ..vocab import EOS, UnionVocab, Vocab, unite_union
 from .base import Commit, Method, Request, check_choice, pick_member
@@ -418,6 +419,11 @@ class Safe(Method):
             )  # fmt: skip
         return _View(member, aligned, last=last, last_bytes=last_bytes, spans=spans)
 
+    def _fill_all(self, views: list[_View], positions: list[_Position], sampler: Sampler) -> None:
+        """`_fill` for several verifiers, concurrently where they live apart (remote members)."""
+        by_member = {view.member: view for view in views}
+        each(list(by_member), lambda member: self._fill(by_member[member], positions, sampler))
+
     def _fill(self, view: _View, positions: list[_Position], sampler: Sampler) -> None:
         """One forward pass for every row the verifier gives this cycle (done at most once, and
         only when some position gets as far as the consensus check)."""
@@ -497,9 +503,9 @@ class Safe(Method):
                 tokens += 1
                 continue
             own, agree, healed = [own_d], [], {}
+            self._fill_all([views[i] for i in verifiers], positions, sampler)
             for i in verifiers:
                 view = views[i]
-                self._fill(view, positions, sampler)
                 if view.aligned[j] is not None and not view.spans[j]:
                     own.append(view.own[j])
                     agree.append(view.agree[j])

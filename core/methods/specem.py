@@ -32,6 +32,7 @@ import torch
 
 from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
+from ..parallel import each
 from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
@@ -144,6 +145,12 @@ class SpecEM(Method):
         if segment_tokens < 1:
             raise InvalidConfigError(f"segment_tokens must be >= 1, got {segment_tokens}.")
         check_choice("score", score, SCORES)
+        for member in self.members if score == "logit" else ():
+            if not member.gives_logits:
+                raise InvalidConfigError(
+                    f"score='logit' needs raw logits, which member {member.name!r} (served "
+                    "over HTTP) cannot give; use score='logprob' or 'prob'."
+                )
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
             raise InvalidConfigError(f"lr must be a positive number, got {lr!r}; e.g. lr=1.0.")
         if drafters is None:
@@ -257,9 +264,9 @@ class SpecEM(Method):
         limit = min(self.segment_tokens, request.remaining)
         final = request.remaining <= self.segment_tokens  # the cap ends the text here anyway
         found: dict[tuple[str, bool], _Candidate] = {}
-        for a, i in enumerate(self.drafters):
-            member = self.members[i]
-            draft = member.draft(limit, request.sampler)
+        drafters = [self.members[i] for i in self.drafters]
+        drafts = each(drafters, lambda m, s: m.draft(limit, s), request.sampler)
+        for a, (member, draft) in enumerate(zip(drafters, drafts, strict=True)):
             text = member.text[len(request.text) :]
             if not (draft.stopped or final or len(draft.ids) < limit):
                 text = text[: clean_cut(text)]
@@ -271,14 +278,16 @@ class SpecEM(Method):
 
     def _verify(self, base: str, candidates: list[_Candidate]) -> torch.Tensor:
         """shares[member, candidate]: each member's normalised scores (verify-in-line)."""
-        rows = []
         texts = [c.text for c in candidates]
         ends = [c.ended for c in candidates]
-        for member in self.members:
+
+        def shares(member) -> list[float]:
             if not self.reuse_cache:
                 member.drop_cache()
             values = member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
-            rows.append(normalise(values, self.scoring))
+            return normalise(values, self.scoring)
+
+        rows = each(self.members, shares)  # remote members score concurrently
         return torch.tensor(rows, dtype=torch.float64)
 
     def summary(self) -> dict:

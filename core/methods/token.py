@@ -15,6 +15,7 @@ import torch
 
 from ..aggregate import AGGREGATIONS, combine
 from ..events import TokenEnsembled
+from ..parallel import each
 from ..vocab import EOS, UnionVocab, unite_union
 from .base import Commit, Method, Request, check_choice
 
@@ -65,12 +66,13 @@ class TokenEnsemble(Method):
         self.weights = list(weights) if weights is not None else None
 
     def run(self, request: Request) -> Iterator[Commit]:
+        def next_row(member):
+            member.sync(request.text)
+            return member.logprobs([member.n_tokens])[0]
+
         position = 0
         while request.remaining > 0:
-            rows = []
-            for member in self.members:
-                member.sync(request.text)
-                rows.append(member.logprobs([member.n_tokens])[0])
+            rows = each(self.members, next_row)  # remote members answer concurrently
             aligned = self.aligner.align(rows)
             probs = combine(aligned.probs, self.aggregation, self.weights)
             chosen = aligned.strings[request.sampler.pick_probs(probs)]

@@ -1,0 +1,334 @@
+"""Remote members against an in-process stand-in for vLLM (tests/fake_server.py): the same
+numbers as in-process members, one request per operation, the same greedy text for every method,
+mixing with local members, and clear errors when a server is wrong, slow or down.
+
+The real-vLLM versions of these checks are in test_remote_vllm.py (marked `remote`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from conftest import needs_trained
+from fake_server import FakeServer
+
+from core import (
+    Ensemble,
+    GenerationConfig,
+    InvalidConfigError,
+    Remote,
+    ServerError,
+    TokenizerMismatchError,
+)
+from core.parallel import each, lanes
+from core.remote import connect
+from core.sampling import Sampler
+from core.testbed import make_problems, model_paths
+
+pytestmark = needs_trained
+PROMPT = [{"role": "user", "content": "Tom has 7 apples. He buys 5 more. How many?"}]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """The first two shipped models (bpe, spm), each behind a fake vLLM server."""
+    paths = model_paths()[:2]
+    fakes = [FakeServer(path, name=path.name) for path in paths]
+    yield fakes
+    for fake in fakes:
+        fake.stop()
+
+
+def _specs(fakes, **kwargs) -> list[Remote]:
+    return [Remote(f.url, model=f.name, tokenizer=f.root, **kwargs) for f in fakes]
+
+
+@pytest.fixture(scope="module")
+def remotes(servers):
+    members = [connect(spec) for spec in _specs(servers)]
+    yield members
+    for member in members:
+        member.close()
+
+
+# --- one member: same numbers, one request per operation ---------------------------------------
+
+
+def test_member_operations_match_in_process(servers, remotes, shipped_members):
+    fake, remote, local = servers[1], remotes[1], shipped_members[1]
+    assert remote.full_vocab and remote.vocab.size == local.vocab.size
+    assert remote.stop_ids == local.stop_ids and remote.name == local.name
+    for member in (remote, local):
+        member.start(PROMPT)
+    greedy = Sampler(GenerationConfig())
+    calls = fake.counts["/v1/completions"]
+    d_remote, d_local = remote.draft(6, greedy), local.draft(6, greedy)
+    assert fake.counts["/v1/completions"] == calls + 1  # the draft: one request, rows not read
+    assert d_remote.ids == d_local.ids and remote.text == local.text
+    torch.testing.assert_close(d_remote.logprobs, d_local.logprobs, atol=1e-4, rtol=0)
+    assert fake.counts["/v1/completions"] == calls + 2  # the rows: one more, on first read
+    rows = remote.logprobs([0, 2, remote.n_tokens])
+    torch.testing.assert_close(rows, local.logprobs([0, 2, local.n_tokens]), atol=1e-4, rtol=0)
+    assert fake.counts["/v1/completions"] == calls + 3
+    base = remote.text[:4]
+    conts = [remote.text[4:], " 12 apples", ""]
+    got = remote.score(conts, base=base, ends=[True, False, True])
+    want = local.score(conts, base=base, ends=[True, False, True])
+    assert fake.counts["/v1/completions"] == calls + 4
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=0)
+    branches = [[local.ids[0]], [5, 6, 7]]
+    torch.testing.assert_close(
+        remote.branch_logprobs(1, branches), local.branch_logprobs(1, branches), atol=1e-4, rtol=0
+    )
+    assert remote.text == local.text  # scoring and branches leave the text alone
+    with pytest.raises(InvalidConfigError, match="score='logprob'"):
+        remote.score(["x"], raw=True)
+
+
+# --- every method: the same greedy text as in-process ------------------------------------------
+
+METHODS = [
+    ("single", {}),
+    ("token", {}),
+    ("token", {"aggregator": "gac"}),
+    ("safe", {}),
+    ("safe", {"heal": True}),  # heal reads spellings through branch_logprobs
+    ("specem", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "options"), METHODS, ids=lambda v: str(v))
+def test_methods_match_in_process(method, options, remotes, shipped_members):
+    remote = Ensemble(remotes, method, **options)
+    local = Ensemble(shipped_members[:2], method, **options)
+    config = GenerationConfig(max_new_tokens=40)
+    consulted, healed = 0, 0
+    for problem in make_problems(3, seed=6):
+        want = local.generate(problem.messages, config)
+        got = remote.generate(problem.messages, config)
+        assert got.text == want.text
+        assert got.finish_reason == want.finish_reason
+        assert got.stats.tokens == want.stats.tokens
+        assert got.stats.ensembled == want.stats.ensembled
+        consulted += got.stats.ensembled + got.stats.counts.get("skip_consensus", 0)
+        healed += got.stats.counts.get("healed_positions", 0)
+    assert consulted > 0 or method == "single"  # the remote verifiers were really read
+    assert healed > 0 or not options.get("heal")
+
+
+def test_mixed_local_and_remote_from_pretrained(servers, shipped_members):
+    spec = _specs(servers[:1])[0]
+    mixed = Ensemble.from_pretrained([spec, model_paths()[1]], "specem", device="cpu")
+    assert [type(m).__name__ for m in mixed.members] == ["RemoteMember", "HFMember"]
+    local = Ensemble(shipped_members[:2], "specem")
+    config = GenerationConfig(max_new_tokens=40)
+    for problem in make_problems(2, seed=7):
+        assert mixed.generate(problem.messages, config).text == (
+            local.generate(problem.messages, config).text
+        )
+    assert len(lanes(mixed.members)) == 2  # the remote member overlaps with the local one
+
+
+def test_seeded_sampling_is_reproducible(remotes):
+    ens = Ensemble(remotes, "specem")
+    config = GenerationConfig(max_new_tokens=30, temperature=1.0, seed=11)
+    first = ens.generate(PROMPT, config).text
+    assert ens.generate(PROMPT, config).text == first
+    assert ens.generate(PROMPT, GenerationConfig(30, temperature=1.0, seed=12)).text != first
+
+
+def test_logit_scores_fail_at_the_boundary(remotes):
+    with pytest.raises(InvalidConfigError, match="raw logits"):
+        Ensemble(remotes, "specem", score="logit")
+
+
+# --- what the server allows ------------------------------------------------------------------
+
+
+def test_top_k_server_falls_back_and_stays_exact_for_argmax(shipped_members):
+    path = model_paths()[0]
+    with FakeServer(path, name="bpe", max_logprobs=5) as fake:
+        member = connect(Remote(fake.url, tokenizer=str(path)))
+        assert (member.top_k, member.full_vocab) == (5, False)
+        member.start(PROMPT)
+        row = member.logprobs([0])[0]
+        assert torch.isclose(row.exp().sum(), torch.tensor(1.0), atol=1e-4)  # rest spread out
+        config = GenerationConfig(max_new_tokens=40)
+        got = Ensemble([member], "single").generate(PROMPT, config).text
+        assert got == Ensemble(shipped_members[:1], "single").generate(PROMPT, config).text
+        with pytest.raises(InvalidConfigError, match="--max-logprobs -1"):
+            connect(Remote(fake.url, tokenizer=str(path), top_logprobs=10))
+
+
+def test_tokenizer_mismatch_is_caught_at_connection():
+    bpe, spm = model_paths()[:2]
+    with FakeServer(bpe, name="bpe", tokenizer_dir=spm) as fake:
+        with pytest.raises(TokenizerMismatchError, match="--tokenizer"):
+            connect(Remote(fake.url, tokenizer=str(bpe)))
+        connect(Remote(fake.url, tokenizer=str(bpe), check_tokenizer=False)).close()
+
+
+def test_wrong_model_name_lists_what_is_served(servers):
+    with pytest.raises(InvalidConfigError, match="tb-gpt2-bpe"):
+        connect(Remote(servers[0].url, model="nope", tokenizer=servers[0].root))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"base_url": "localhost:8000"}, "http"),
+        ({"base_url": "http://h:1/v1", "top_logprobs": 0}, "top_logprobs"),
+        ({"base_url": "http://h:1/v1", "timeout": 0}, "timeout"),
+        ({"base_url": "http://h:1/v1", "retries": -1}, "retries"),
+    ],
+)
+def test_bad_specs_fail_at_construction(kwargs, match):
+    with pytest.raises(InvalidConfigError, match=match):
+        Remote(**kwargs)
+
+
+def test_base_url_without_path_gets_v1():
+    assert Remote("http://127.0.0.1:8000").base_url == "http://127.0.0.1:8000/v1"
+    assert Remote("http://127.0.0.1:8000/v1/").base_url == "http://127.0.0.1:8000/v1"
+
+
+# --- failures: retries, timeouts, a server that goes away and comes back -----------------------
+
+
+def test_dropped_connections_and_503_are_retried(servers, remotes):
+    fake = servers[0]
+    fake.faults = ["drop", "503"]
+    out = Ensemble(remotes, "token").generate(PROMPT, GenerationConfig(max_new_tokens=4))
+    assert out.stats.tokens > 0 and not fake.faults
+
+
+def test_slow_server_times_out_with_a_clear_error():
+    path = model_paths()[0]
+    with FakeServer(path, name="bpe") as fake:
+        member = connect(Remote(fake.url, tokenizer=str(path), timeout=0.5))
+        fake.delay = 2.0
+        ens = Ensemble([member], "single")
+        start = time.perf_counter()
+        with pytest.raises(ServerError, match=r"'bpe'.*no answer from http://127\.0\.0\.1.*0\.5 s"):
+            ens.generate(PROMPT, GenerationConfig(max_new_tokens=4))
+        assert time.perf_counter() - start < 2.0
+
+
+def test_server_down_mid_request_then_back(shipped_members):
+    path = model_paths()[1]
+    with FakeServer(path, name="spm") as fake:
+        spec = Remote(fake.url, tokenizer=str(path), timeout=5, retries=2)
+        ens = Ensemble.from_pretrained([model_paths()[0], spec], "token", device="cpu")
+        config = GenerationConfig(max_new_tokens=24)
+        want = ens.generate(PROMPT, config).text
+        fake.delay = 0.5  # a request is in flight when the server goes
+
+        threading.Timer(0.2, fake.stop).start()
+        start = time.perf_counter()
+        with pytest.raises(ServerError, match=rf"'spm'.*{fake.url}.*down or unreachable"):
+            ens.generate(PROMPT, config)
+        assert time.perf_counter() - start < 5  # within the timeout: retries are quick
+        fake.delay = 0.0
+        fake.start()  # back, on the same port
+        assert ens.generate(PROMPT, config).text == want
+
+
+# --- concurrency --------------------------------------------------------------------------------
+
+
+def test_remote_members_overlap_and_local_ones_do_not(shipped_members):
+    paths = model_paths()[:2]
+    fakes = [FakeServer(p, name=p.name, delay=0.3) for p in paths]
+    try:
+        members = [connect(Remote(f.url, tokenizer=f.root)) for f in fakes]
+        for m in members:
+            m.start(PROMPT)
+        start = time.perf_counter()
+        each(members, lambda m: m.logprobs([0]))
+        assert time.perf_counter() - start < 0.55  # two 0.3 s answers, side by side
+    finally:
+        for f in fakes:
+            f.stop()
+    threads = each(shipped_members, lambda m: threading.get_ident())
+    assert set(threads) == {threading.get_ident()}  # CPU members: in order, in this thread
+    assert lanes(shipped_members) == [[0, 1, 2]]
+
+
+def test_errors_surface_after_every_lane_finished(remotes):
+    done = []
+
+    def work(member):
+        if member is remotes[0]:
+            raise RuntimeError("boom")
+        time.sleep(0.2)
+        done.append(member.name)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        each(remotes, work)
+    assert done == [remotes[1].name]
+
+
+# --- adapters -------------------------------------------------------------------------------------
+
+
+def test_langchain_accepts_remote_specs(servers):
+    from langchain_ensemble import ChatEnsemble
+
+    spec = _specs(servers[:1])[0]
+    chat = ChatEnsemble(models=[spec, str(model_paths()[1])], method="token", max_tokens=8)
+    assert chat.model_name == "ensemble-token:tb-gpt2-bpe+tb-qwen2-spm"
+    assert chat.invoke("Tom has 7 apples. He buys 5 more. How many?").content
+    as_dict = {"base_url": spec.base_url, "tokenizer": spec.tokenizer}
+    as_dict = ChatEnsemble(models=[as_dict, str(model_paths()[1])], method="token")
+    assert as_dict.models[0] == Remote(spec.base_url, tokenizer=spec.tokenizer)
+
+
+def test_llamaindex_accepts_remote_specs(servers):
+    from llamaindex_ensemble import EnsembleLLM
+
+    spec = _specs(servers[1:])[0]
+    llm = EnsembleLLM(models=[str(model_paths()[0]), spec], method="safe", max_new_tokens=8)
+    assert llm.metadata.model_name == "ensemble-safe:tb-gpt2-bpe+tb-qwen2-spm"
+    assert llm.complete("Tom has 7 apples. He buys 5 more. How many?").text is not None
+
+
+# --- bench --------------------------------------------------------------------------------------
+
+
+def test_bench_remote_mode_twins_every_configuration(servers, tmp_path):
+    import json
+
+    from core.cli import main
+
+    out = tmp_path / "bench"
+    args = ["bench", "--methods", "single,specem", "--n", "2", "--max-new-tokens", "10"]
+    args += ["--threads", "1", "--out", str(out)]
+    for path, fake in zip(model_paths()[:2], servers, strict=True):
+        args += ["--model", str(path), "--remote", fake.url]
+    assert main(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    rows = {row["label"]: row for row in data["rows"]}
+    local = ["single tb-gpt2-bpe", "single tb-qwen2-spm", "specem"]
+    assert set(rows) == {*local, *(f"{label} (served)" for label in local)}
+    for label in local:
+        here, there = rows[label], rows[f"{label} (served)"]
+        assert there["members"] == [2 + i for i in (here["members"] or [0, 1])]
+        assert there["accuracy"] == here["accuracy"]  # greedy: the same answers
+        assert there["ratio_to_in_process"] == pytest.approx(
+            there["ms_per_token"] / here["ms_per_token"]
+        )
+    # a served single is its own drafter reference, not the in-process one
+    assert rows["single tb-qwen2-spm (served)"]["ratio_to_drafter"] == pytest.approx(1.0)
+    assert "× in-process" in (out / "results.md").read_text()
+
+
+def test_bench_remote_needs_one_url_per_model(servers, tmp_path, capsys):
+    from core.cli import main
+
+    args = ["bench", "--methods", "single", "--n", "1", "--out", str(tmp_path)]
+    args += ["--model", str(model_paths()[0]), "--model", str(model_paths()[1])]
+    assert main([*args, "--remote", servers[0].url]) != 0
+    assert "one server URL per model" in capsys.readouterr().err
