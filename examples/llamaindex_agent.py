@@ -6,7 +6,7 @@ header `REACT_SYSTEM_HEADER`, one `calculator` tool with its name, description a
 calls `astream_chat`, which runs the ensemble on a worker thread; its stream shows the deltas,
 the tool calls and their results.
 
-    python examples/llamaindex_agent.py                      # a held-out problem, method token
+    python examples/llamaindex_agent.py                      # a held-out problem, method safe
     python examples/llamaindex_agent.py --method single --problem 4
     python examples/llamaindex_agent.py --question "Mia has 4 cookies. She buys 3 more. ..."
 """
@@ -64,7 +64,7 @@ async def solve(agent: ReActAgent, question: str, echo: bool = True) -> tuple[st
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", default="token", help="single | token | safe | specem")
+    parser.add_argument("--method", default="safe", help="safe | specem | token | single")
     parser.add_argument("--problem", type=int, default=0, help="which held-out problem to ask")
     parser.add_argument("--question", help="ask this instead of a testbed problem")
     parser.add_argument("--device", default="cpu")

@@ -188,7 +188,7 @@ def evaluate(args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", default="token", help="single | token | safe | specem")
+    parser.add_argument("--method", default="safe", help="safe | specem | token | single")
     parser.add_argument("--problem", type=int, default=0, help="which held-out problem to ask")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--show-events", type=int, default=8, help="events to print in full")

@@ -2,7 +2,7 @@
 
     from llama_index.core import Settings
     from llamaindex_ensemble import EnsembleLLM
-    Settings.llm = EnsembleLLM(models=["path/A", "path/B"], method="token")
+    Settings.llm = EnsembleLLM(models=["path/A", "path/B"], method="safe")
 
 Ensemble events arrive as `llama_index.core.instrumentation` events (`EnsembleEvent` and one
 subclass per core event type) on the root dispatcher.

@@ -56,7 +56,7 @@ MakeResponse = Callable[[str, str | None, dict[str, Any]], Any]
 class EnsembleLLM(CustomLLM):
     """Local models of different tokenizers, ensembled at inference time, as one chat LLM.
 
-    >>> llm = EnsembleLLM(models=core.testbed.model_paths(), method="token")
+    >>> llm = EnsembleLLM(models=core.testbed.model_paths(), method="safe")
     >>> llm.complete("Tom has 3 apples. He buys 2 more. How many apples does Tom have now?")
 
     Models load on first use (not at construction) and are shared by every EnsembleLLM with

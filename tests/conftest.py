@@ -56,3 +56,16 @@ def make_ensemble(shipped_members):
         return Ensemble(list(chosen), method, **options)
 
     return build
+
+
+@pytest.fixture
+def recorder():
+    """Every LlamaIndex instrumentation event, from a handler on the root dispatcher."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llamaindex_recorder import Recorder
+
+    handler = Recorder(events=[])
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    yield handler
+    root.event_handlers.remove(handler)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
-from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.dispatcher import instrument_tags
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import (
     LLMChatStartEvent,
@@ -40,29 +38,6 @@ MESSAGES = [
     ChatMessage(role="system", content="You are a careful math tutor."),
     ChatMessage(role="user", content=QUESTION),
 ]
-
-
-class Recorder(BaseEventHandler):
-    events: list = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Recorder"
-
-    def handle(self, event: BaseEvent, **kwargs) -> None:
-        self.events.append(event)
-
-    def of(self, cls) -> list:
-        return [e for e in self.events if isinstance(e, cls)]
-
-
-@pytest.fixture
-def recorder():
-    handler = Recorder(events=[])
-    root = get_dispatcher()
-    root.add_event_handler(handler)
-    yield handler
-    root.event_handlers.remove(handler)
 
 
 @pytest.fixture

@@ -14,9 +14,6 @@ from conftest import needs_trained
 from llama_index.core import Settings
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
 
 from core.methods import METHOD_NAMES, method_class
@@ -48,28 +45,6 @@ def _available() -> list[str]:
             continue
         out.append(name)
     return out
-
-
-class Recorder(BaseEventHandler):
-    events: list = []
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Recorder"
-
-    def handle(self, event: BaseEvent, **kwargs) -> None:
-        self.events.append(event)
-
-    def of(self, cls) -> list:
-        return [e for e in self.events if isinstance(e, cls)]
-
-
-@pytest.fixture
-def recorder():
-    handler = Recorder(events=[])
-    get_dispatcher().add_event_handler(handler)
-    yield handler
-    get_dispatcher().event_handlers.remove(handler)
 
 
 @pytest.fixture(scope="module")
