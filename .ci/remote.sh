@@ -93,20 +93,11 @@ elapsed "started ${MODELS[*]} (pids ${PIDS[*]}); waiting on /health"
 
 # --- 3. health, then one warm-up request each (a server's first request is slow) -----------------
 .venv/bin/python - "$WORK/servers.json" <<'EOF'
-import json, sys, time, httpx
-servers = json.load(open(sys.argv[1]))
-deadline = time.time() + 240
-for s in servers:
-    root = s["base_url"].removesuffix("/v1")
-    while True:
-        try:
-            if httpx.get(root + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline:
-            sys.exit(f"{s['name']} did not become healthy; its log:\n" + open(s["log"]).read()[-3000:])
-        time.sleep(1)
+import json, sys, httpx
+from core.remote import wait_until_healthy
+for s in json.load(open(sys.argv[1])):  # they start together: 240 s covers both
+    if not wait_until_healthy(s["base_url"], timeout=240):
+        sys.exit(f"{s['name']} did not become healthy; its log:\n" + open(s["log"]).read()[-3000:])
     body = {"model": s["model"], "prompt": [1, 2, 3], "max_tokens": 4, "logprobs": -1}
     httpx.post(s["base_url"] + "/completions", json=body, timeout=120).raise_for_status()
 EOF

@@ -530,6 +530,20 @@ def _message(response: httpx.Response) -> str:
     return str(error)[:500]
 
 
+def wait_until_healthy(base_url: str, timeout: float = 240.0) -> bool:
+    """Whether the server at `base_url` answers vLLM's `/health` within `timeout` seconds (for
+    scripts that start servers: a CPU vLLM server needs ~40 s)."""
+    root = Remote(base_url).base_url.removesuffix("/v1")
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{root}/health", timeout=2).status_code == 200:
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+
+
 def connect(spec: Remote, name: str | None = None) -> RemoteMember:
     """A `RemoteMember` for `spec` (what `Ensemble.from_pretrained` does with a `Remote`)."""
     if not isinstance(spec, Remote):
@@ -537,4 +551,4 @@ def connect(spec: Remote, name: str | None = None) -> RemoteMember:
     return RemoteMember(spec, name)
 
 
-__all__ = ["Remote", "RemoteMember", "connect", "source_label"]
+__all__ = ["Remote", "RemoteMember", "connect", "source_label", "wait_until_healthy"]

@@ -6,6 +6,7 @@ The real-vLLM versions of these checks are in test_remote_vllm.py (marked `remot
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -332,3 +333,15 @@ def test_bench_remote_needs_one_url_per_model(servers, tmp_path, capsys):
     args += ["--model", str(model_paths()[0]), "--model", str(model_paths()[1])]
     assert main([*args, "--remote", servers[0].url]) != 0
     assert "one server URL per model" in capsys.readouterr().err
+
+
+def test_wait_until_healthy(servers):
+    from core.remote import wait_until_healthy
+
+    assert wait_until_healthy(servers[0].url, timeout=5)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    assert not wait_until_healthy(f"http://127.0.0.1:{port}/v1", timeout=1.5)
+    assert time.perf_counter() - start < 5

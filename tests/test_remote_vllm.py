@@ -22,11 +22,10 @@ import subprocess
 import threading
 import time
 
-import httpx
 import pytest
 
 from core import Ensemble, GenerationConfig, Remote, ServerError, TokenizerMismatchError
-from core.remote import connect
+from core.remote import connect, wait_until_healthy
 from core.testbed import MODEL_ORDER, make_problems, model_paths
 
 SERVERS = os.environ.get("LLM_ENSEMBLING_SERVERS")
@@ -144,16 +143,8 @@ def test_local_and_remote_members_mix(servers, local_members):
 
 
 def test_the_ensemble_works_once_the_server_is_back(servers, references):
-    root = servers[-1]["base_url"].removesuffix("/v1")
-    deadline = time.time() + 240
-    while True:
-        try:
-            if httpx.get(root + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.time() < deadline, f"the server did not come back; see {servers[-1]['log']}"
-        time.sleep(1)
+    back = wait_until_healthy(servers[-1]["base_url"], timeout=240)
+    assert back, f"the server did not come back; see {servers[-1]['log']}"
     ens, problem = _state["ensemble"], _state["problem"]
     assert ens.generate(problem.messages, CONFIG).text == _state["want"]
 
