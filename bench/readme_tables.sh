@@ -16,6 +16,8 @@ main() {  # every method on the three shipped models (issues 2, 3, 4, 7)
     --config "safe unite=safe" \
     --config "safe gac=safe:aggregator=gac" \
     --config "safe unite heal=safe:heal=true,sharpen=geometric" \
+    --config "safe unite, drafts grow to 20=safe:max_lookahead=20" \
+    --config "safe unite heal, drafts grow to 20=safe:heal=true,sharpen=geometric,max_lookahead=20" \
     --config "specem=specem" \
     --config "specem no feedback=specem:feedback=false"
 }
@@ -32,6 +34,10 @@ safe() {  # SAFE in both drafter orders: bpe (coarser digits) and spm (finer dig
         done
       done
       configs+=(--config "safe[$name] $agg heuristic heal-oov=safe:members=${order#*:},aggregator=$agg,heal=oov")
+      [ "$agg" = unite ] && for heal in false true; do  # drafts that grow while they stand
+        suffix=""; [ "$heal" = true ] && suffix=" heal"
+        configs+=(--config "safe[$name] $agg heuristic$suffix, grow to 20=safe:members=${order#*:},aggregator=$agg,heal=$heal,max_lookahead=20")
+      done
     done
   done
   $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/safe" \

@@ -16,6 +16,7 @@ from core.events import Drafted, EnsemblePoint, SkipConsensus, SkipMismatch
 from core.methods.safe import EXTRA_TOKENS, HEALED, SKIP_REASONS, consensus
 from core.testbed import check_answer, make_problems
 from core.testbed.tokenizers import load_tokenizer
+from core.vocab import EOS
 
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 13."
 PROMPT = [{"role": "user", "content": "Sara has 6 buttons. She donates 1. How many?"}]
@@ -247,6 +248,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_members):
         (dict(aggregator="mean"), "aggregator="),
         (dict(sharpen="soft"), "sharpen="),
         (dict(lookahead=0), "lookahead="),
+        (dict(lookahead=5, max_lookahead=4), "max_lookahead="),
         (dict(top_k=2.5), "top_k="),
         (dict(threshold=1.5), "threshold="),
         (dict(heal="yes"), "heal="),
@@ -308,11 +310,37 @@ def test_copies_of_a_tiny_drafter_reproduce_it(tiny_members):
     base = tiny_members[0]
     copies = [HFMember(f"copy-{i}", base.model, base.tokenizer) for i in range(2)]
     expected = Ensemble([base], "single").generate(PROMPT, max_new_tokens=40)
-    for options in (dict(), dict(aggregator="gac"), dict(sharpen="geometric", lookahead=3)):
+    for options in (
+        dict(),
+        dict(aggregator="gac"),
+        dict(sharpen="geometric", lookahead=3),
+        dict(max_lookahead=16),
+    ):
         out = Ensemble([base, *copies], "safe", **options).generate(PROMPT, max_new_tokens=40)
         assert out.text == expected.text and out.stats.tokens == expected.stats.tokens
         assert out.stats.ensembled == 0
         _adds_up(out)
+
+
+def test_drafts_grow_while_they_stand_and_shrink_at_a_replacement(tiny_members):
+    """max_lookahead: a draft that stands whole doubles the next one (capped); a replaced
+    position brings it back to `lookahead`."""
+    base = tiny_members[0]
+    copy = HFMember("copy", base.model, base.tokenizer)
+    out = Ensemble([base, copy], "safe", max_lookahead=12).generate(PROMPT, max_new_tokens=40)
+    sizes = [len(e.tokens) for e in out.events if isinstance(e, Drafted)]
+    assert sizes[:3] == [5, 10, 12] and sum(sizes) >= out.stats.tokens  # copies: all stand
+    ens = Ensemble(tiny_members, "safe", max_lookahead=12)  # random members disagree
+    expected, replaced, drafts, replacements = 5, False, 0, 0
+    for event in ens.generate(PROMPT, max_new_tokens=60).events:
+        if isinstance(event, Drafted):
+            if drafts:
+                expected = 5 if replaced else min(2 * expected, 12)
+            assert len([t for t in event.tokens if t != EOS]) <= expected + 3  # + UTF-8 tail
+            drafts, replaced = drafts + 1, False
+        elif isinstance(event, EnsemblePoint) and event.chosen != event.drafted:
+            replaced, replacements = True, replacements + 1
+    assert replacements > 0 and drafts > 2
 
 
 # --- the shipped models ------------------------------------------------------------------------
@@ -337,6 +365,22 @@ def test_safe_with_copies_of_the_drafter_reproduces_it(shipped_members, drafter)
             assert out.text == expected.text and out.finish_reason == expected.finish_reason
             assert out.stats.tokens == expected.stats.tokens
             _adds_up(out)
+
+
+@needs_trained
+@pytest.mark.parametrize("drafter", [0, 1], ids=["bpe", "spm"])
+def test_growing_drafts_ensemble_the_same_text(make_ensemble, drafter):
+    """Every drafted position is still checked: the texts are those of fixed 5-token drafts,
+    with fewer verifier passes."""
+    members = [drafter, 1 - drafter]
+    fixed = make_ensemble("safe", members=members, heal=True)
+    growing = make_ensemble("safe", members=members, heal=True, max_lookahead=20)
+    for problem in make_problems(5, seed=4):
+        want = fixed.generate(problem.messages, max_new_tokens=96)
+        got = growing.generate(problem.messages, max_new_tokens=96)
+        assert got.text == want.text and got.stats.ensembled == want.stats.ensembled
+        drafts = [e for e in got.events if isinstance(e, Drafted)]
+        assert len(drafts) <= sum(isinstance(e, Drafted) for e in want.events)
 
 
 @needs_trained

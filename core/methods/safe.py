@@ -28,6 +28,12 @@ Both marginalise over its tokens that extend or are prefixes of the string; rows
 tokens come from the cycle's one forward pass, other spellings from a few batched passes
 (`Member.branch_logprobs`). A healed verifier "agrees" when it gives the drafted text > 1/2.
 
+Also beyond the paper, `max_lookahead` (off by default): a draft that stands whole (no position
+replaced) doubles the next draft's length, up to `max_lookahead`, and any replacement brings it
+back to `lookahead`. Every drafted position is still checked, so the same positions are
+ensembled; only the number of verifier passes drops where the members agree for long
+stretches (each cycle costs one verifier forward call whatever its length).
+
 Decisions the paper leaves open (research notes, safe.md section 6):
 - Boundaries are byte offsets: position j is aligned for a verifier when the byte offset where
   drafter token j-1 ends is one of its token ends (no decoded-string compare, no lstrip); a
@@ -247,6 +253,7 @@ class Safe(Method):
         sharpen: str | None = "heuristic",
         threshold: float = 0.1,
         heal: bool | str = False,
+        max_lookahead: int | None = None,
     ) -> None:
         super().__init__(members)
         check_choice("aggregator", aggregator, AGGREGATORS)
@@ -257,6 +264,15 @@ class Safe(Method):
                     f"{option}={value!r} must be a positive integer (the paper uses "
                     f"{'5' if option == 'lookahead' else '10'})."
                 )
+        if max_lookahead is not None and (
+            isinstance(max_lookahead, bool)
+            or not isinstance(max_lookahead, int)
+            or max_lookahead < lookahead
+        ):
+            raise InvalidConfigError(
+                f"max_lookahead={max_lookahead!r} must be None (every draft `lookahead` tokens, "
+                f"the paper) or an integer >= lookahead={lookahead}, e.g. 20."
+            )
         if not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
             raise InvalidConfigError(
                 f"threshold={threshold!r} must be in [0, 1) (sharpening's lambda; paper: 0.1)."
@@ -268,6 +284,7 @@ class Safe(Method):
             )
         self.drafter = pick_member(self.members, drafter, "drafter")
         self.lookahead = lookahead
+        self.max_lookahead = max_lookahead or lookahead
         self.aggregator = aggregator
         self.top_k = top_k
         self.sharpening = sharpen
@@ -289,6 +306,7 @@ class Safe(Method):
             **super().summary(),
             "drafter": self.members[self.drafter].name,
             "lookahead": self.lookahead,
+            "max_lookahead": self.max_lookahead,
             "aggregator": self.aggregator,
             "sharpen": self.sharpening,
             "heal": "oov" if self.heal and not self.heal_spans else self.heal,
@@ -304,11 +322,12 @@ class Safe(Method):
 
     def run(self, request: Request) -> Iterator[Commit]:
         drafter = self.members[self.drafter]
+        size = self.lookahead
         while request.remaining > 0:
             committed = request.text
             drafter.sync(committed)
             base_n, base = drafter.n_tokens, len(committed.encode("utf-8"))
-            draft = self._draft(drafter, request.remaining, request.sampler)
+            draft = self._draft(drafter, size, request.remaining, request.sampler)
             if not draft.ids and not draft.stopped:  # the drafter's context window is full
                 yield Commit("", 0, "length")
                 return
@@ -342,11 +361,13 @@ class Safe(Method):
             yield commit
             if commit.finish:
                 return
+            stood = commit.text == tail  # the whole draft stood: draft further next time
+            size = min(2 * size, self.max_lookahead) if stood else self.lookahead
 
-    def _draft(self, drafter: Member, limit: int, sampler: Sampler) -> Draft:
-        """`lookahead` tokens (at most `limit`), and up to 3 more while the last one ends
-        inside a UTF-8 character (no verifier could read the text there)."""
-        draft = drafter.draft(min(self.lookahead, limit), sampler)
+    def _draft(self, drafter: Member, size: int, limit: int, sampler: Sampler) -> Draft:
+        """`size` tokens (at most `limit`), and up to 3 more while the last one ends inside a
+        UTF-8 character (no verifier could read the text there)."""
+        draft = drafter.draft(min(size, limit), sampler)
         extra = 0
         while (
             draft.ids
