@@ -30,9 +30,13 @@ tokens come from the cycle's one forward pass, other spellings from a few batche
 
 Also beyond the paper, `max_lookahead` (off by default): a draft that stands whole (no position
 replaced) doubles the next draft's length, up to `max_lookahead`, and any replacement brings it
-back to `lookahead`. Every drafted position is still checked, so the same positions are
-ensembled; only the number of verifier passes drops where the members agree for long
-stretches (each cycle costs one verifier forward call whatever its length).
+back to `lookahead`: fewer cycles, so fewer verifier passes (each costs one forward call
+whatever its length) where the members agree for long stretches. Every drafted position is
+still checked; what changes is where drafts end, and a verifier reads the text cut there. When
+the drafter's tokens are the coarser ones that changes nothing (the same text on 200/200
+testbed problems); when the drafter is finer, a cut can fall inside a verifier's token and
+make that position look aligned, so texts differ (use it with `heal=True` there, which reads a
+cut token as text).
 
 Decisions the paper leaves open (research notes, safe.md section 6):
 - Boundaries are byte offsets: position j is aligned for a verifier when the byte offset where
