@@ -213,6 +213,45 @@ class Member(ABC):
             f"member {self.name!r} cannot score token branches; use SAFE with heal=False."
         )
 
+    # --- argument checks and tokenization every backend shares ------------------------------
+
+    def _check_boundaries(self, boundaries: Sequence[int]) -> None:
+        if any(b < 0 or b > self.n_tokens for b in boundaries):
+            raise IndexError(f"boundaries {list(boundaries)} outside 0..{self.n_tokens}")
+
+    def _continuation_blocks(
+        self, continuations: Sequence[str], base: str | None, ends: Sequence[bool] | None
+    ) -> tuple[list[list[int]], list[bool], int]:
+        """`score`'s continuations in this member's canonical tokens, each cut after the ids
+        they all share with the current sequence: (blocks, ends, start), where `start` is the
+        sequence position of every block's first token."""
+        if base is not None and not self._bytes.startswith(base.encode()):
+            raise ValueError(f"base is not a prefix of member {self.name!r}'s text")
+        base = self.text if base is None else base
+        data = base.encode("utf-8")
+        ends = [False] * len(continuations) if ends is None else list(ends)
+        if len(ends) != len(continuations):
+            raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
+        tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
+        inside = bisect.bisect_right(self._ends, len(data))  # response tokens within `base`
+        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [inside])
+        blocks = [t[shared:] for t in tokenized]
+        start = self._prompt_len + shared  # position of every block's first token
+        if start + max(map(len, blocks), default=0) > self.context_window:
+            raise ContextOverflow(f"a continuation does not fit member {self.name!r}'s window")
+        return blocks, ends, start
+
+    def _check_branches(self, boundary: int, branches: Sequence[Sequence[int]]) -> list[list[int]]:
+        if not 0 <= boundary <= self.n_tokens:
+            raise IndexError(f"boundary {boundary} outside 0..{self.n_tokens}")
+        branches = [list(b) for b in branches]
+        if any(not b for b in branches):
+            raise ValueError("every branch needs at least one id")
+        longest = max(map(len, branches), default=0)
+        if self._prompt_len + boundary + longest > self.context_window:
+            raise ContextOverflow(f"a branch does not fit member {self.name!r}'s window")
+        return branches
+
     def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
         """Continue the current text by up to `max_tokens` tokens, appending them."""
         ids, rows, stopped = [], [], False
@@ -360,9 +399,8 @@ class HFMember(Member):
         return rows
 
     def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        self._check_boundaries(boundaries)
         rows = [self._prompt_len + b - 1 for b in boundaries]
-        if any(b < 0 or b > self.n_tokens for b in boundaries):
-            raise IndexError(f"boundaries {list(boundaries)} outside 0..{self.n_tokens}")
         have = self._cached - 1 if self._last_row is not None else None
         got = {have: self._last_row} if have is not None else {}
         missing = sorted({r for r in rows if r != have})
@@ -388,20 +426,7 @@ class HFMember(Member):
         seeing the prefix and its own earlier tokens only (block mask, positions restarting at
         the prefix end). Cached ids beyond `base` (a drafter's own draft) are hidden by the mask
         and stay cached; the cache is otherwise returned to the prefix afterwards."""
-        if base is not None and not self._bytes.startswith(base.encode()):
-            raise ValueError(f"base is not a prefix of member {self.name!r}'s text")
-        base = self.text if base is None else base
-        data = base.encode("utf-8")
-        ends = [False] * len(continuations) if ends is None else list(ends)
-        if len(ends) != len(continuations):
-            raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
-        tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
-        inside = bisect.bisect_right(self._ends, len(data))  # response tokens within `base`
-        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [inside])
-        blocks = [t[shared:] for t in tokenized]
-        start = self._prompt_len + shared  # position of every block's first token
-        if start + max(map(len, blocks), default=0) > self.context_window:
-            raise ContextOverflow(f"a continuation does not fit member {self.name!r}'s window")
+        blocks, ends, start = self._continuation_blocks(continuations, base, ends)
         visible = min(self._cached, start - 1)  # cached positions the blocks may attend to
         tail = self._seq[visible:start]  # the prefix's uncached end (>= its last token)
         if not self.takes_block_mask:
@@ -475,11 +500,7 @@ class HFMember(Member):
         return scores
 
     def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
-        if not 0 <= boundary <= self.n_tokens:
-            raise IndexError(f"boundary {boundary} outside 0..{self.n_tokens}")
-        branches = [list(b) for b in branches]
-        if any(not b for b in branches):
-            raise ValueError("every branch needs at least one id")
+        branches = self._check_branches(boundary, branches)
         if not branches:
             return torch.empty(0, self.vocab.size)
         prefix = self._prompt_len + boundary

@@ -34,7 +34,6 @@ KV cache.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
 import os
@@ -57,7 +56,7 @@ from .errors import (
     TokenizerMismatchError,
 )
 from .loading import _TOKENIZER_PROBE, load_tokenizer
-from .member import ContextOverflow, Draft, Member, _common_prefix
+from .member import Draft, Member, _common_prefix
 from .sampling import Sampler
 from .vocab import Vocab
 
@@ -386,8 +385,7 @@ class RemoteMember(Member):
         self._rows = {n: row for n, row in self._rows.items() if n <= keep}
 
     def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
-        if any(b < 0 or b > self.n_tokens for b in boundaries):
-            raise IndexError(f"boundaries {list(boundaries)} outside 0..{self.n_tokens}")
+        self._check_boundaries(boundaries)
         ends = [self._prompt_len + b for b in boundaries]
         missing = sorted({n for n in ends if n not in self._rows})
         if missing:
@@ -445,22 +443,9 @@ class RemoteMember(Member):
                 f"member {self.name!r} is served over HTTP, which gives log-probs, not raw "
                 "logits; use SpecEM's score='logprob' or 'prob' with remote members."
             )
-        if base is not None and not self._bytes.startswith(base.encode()):
-            raise ValueError(f"base is not a prefix of member {self.name!r}'s text")
-        base = self.text if base is None else base
-        data = base.encode("utf-8")
-        ends = [False] * len(continuations) if ends is None else list(ends)
-        if len(ends) != len(continuations):
-            raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
-        if not continuations:
+        blocks, ends, start = self._continuation_blocks(continuations, base, ends)
+        if not blocks:
             return []
-        tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
-        inside = bisect.bisect_right(self._ends, len(data))
-        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [inside])
-        blocks = [t[shared:] for t in tokenized]
-        start = self._prompt_len + shared
-        if start + max(map(len, blocks)) > self.context_window:
-            raise ContextOverflow(f"a continuation does not fit member {self.name!r}'s window")
         body: dict[str, Any] = {
             "prompt": [self._seq[:start] + block for block in blocks],
             "max_tokens": 1,
@@ -480,14 +465,8 @@ class RemoteMember(Member):
         return scores
 
     def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
-        if not 0 <= boundary <= self.n_tokens:
-            raise IndexError(f"boundary {boundary} outside 0..{self.n_tokens}")
-        branches = [list(b) for b in branches]
-        if any(not b for b in branches):
-            raise ValueError("every branch needs at least one id")
+        branches = self._check_branches(boundary, branches)
         prefix = self._seq[: self._prompt_len + boundary]
-        if branches and len(prefix) + max(map(len, branches)) > self.context_window:
-            raise ContextOverflow(f"a branch does not fit member {self.name!r}'s window")
         return self._next_rows([prefix + branch for branch in branches])
 
 
