@@ -3,7 +3,8 @@
 Both adapters (and `Ensemble.astream`) need this, so it lives in the core: a worker thread
 drives the generator and hands items to the loop through an asyncio queue; errors are re-raised
 in the consumer; when the consumer stops (cancelled, or breaks out), the worker stops at the next
-item and closes the generator, which releases the ensemble for the next request.
+item and closes the generator, and an iterator with a `cancel()` (a request stream) is told at
+once, so the request stops at its next forward pass instead of computing one more item.
 """
 
 from __future__ import annotations
@@ -43,13 +44,19 @@ async def iterate_in_thread(iterator: Iterator[T]) -> AsyncIterator[T]:
             hand_over(_DONE)
 
     threading.Thread(target=worker, name="ensemble-stream", daemon=True).start()
+    finished = False
     try:
         while True:
             item, error = await queue.get()
             if error is not None:
+                finished = True
                 raise error
             if item is _DONE:
+                finished = True
                 return
             yield item
     finally:
         stop.set()
+        cancel = getattr(iterator, "cancel", None)
+        if cancel is not None and not finished:  # stop the request at its next forward pass
+            cancel()

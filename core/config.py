@@ -59,6 +59,9 @@ class Stats:
     weights: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     first_delta_seconds: float | None = None
+    failed: dict[str, str] = field(default_factory=dict)  # member -> why it left the request
+    prefilled: dict[str, int] = field(default_factory=dict)  # ids fed (prefix reuse saves some)
+    cache_bytes: int = 0  # key/value bytes the request's members held at its end
 
     @property
     def input_tokens(self) -> int:
@@ -98,6 +101,9 @@ class Stats:
             "first_delta_seconds": (
                 None if self.first_delta_seconds is None else round(self.first_delta_seconds, 6)
             ),
+            "failed": dict(self.failed),
+            "prefilled": dict(self.prefilled),
+            "cache_bytes": self.cache_bytes,
         }
 
 

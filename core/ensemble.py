@@ -3,8 +3,19 @@
 It holds the members and one method, validates every input at the boundary, and turns the
 method's commits into a stream of deltas: stop strings trimmed (never partially streamed),
 max_new_tokens enforced, events delivered both to `on_event` and inside each delta, per-request
-stats collected. A lock makes one instance safe to share between threads; requests on one
-instance run one at a time (they share the members' caches).
+stats collected.
+
+One instance serves many requests at once, from threads or asyncio tasks: each request gets its
+own view of every member (ids, KV cache) and its own copy of the method, while the loaded models
+are shared and their forward passes are batched across requests (`core.batching`). No lock is
+held across a request, so a paused stream or a request started from a callback blocks nobody;
+`max_concurrency` bounds how many run at once (`core.admission`).
+
+A member that fails mid-request either ends it (`on_member_failure="raise"`, the default:
+`MemberError` naming the member and the operation) or leaves it (`"drop"`: the request goes on
+with the others). Either way a `member_failed` event says who and why, and nothing of the
+failure stays behind: member state changes are transactions, and the next request starts from
+a fresh view.
 """
 
 from __future__ import annotations
@@ -16,19 +27,22 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
+from .admission import Admission, check_admission, default_concurrency
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event
+from .events import Event, MemberFailed
 from .member import ContextOverflow, HFMember, Member
-from .methods import Request, build_method, check_method
+from .methods import Method, Request, build_method, check_method
+from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
 from .stops import StopFilter
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
+FAILURE_POLICIES = ("raise", "drop")
 
 
 def _per_member(value: Any, n: int, what: str) -> list[Any]:
@@ -40,9 +54,21 @@ def _per_member(value: Any, n: int, what: str) -> list[Any]:
 
 
 class Ensemble:
-    def __init__(self, members: Sequence[Member], method: str = "safe", **options: Any) -> None:
+    def __init__(
+        self,
+        members: Sequence[Member],
+        method: str = "safe",
+        *,
+        on_member_failure: str = "raise",
+        max_concurrency: int | None = None,
+        max_queue: int | None = None,
+        queue_timeout: float | None = None,
+        **options: Any,
+    ) -> None:
         if not members:
             raise InvalidConfigError("an ensemble needs at least one member.")
+        _check_policy(on_member_failure)
+        check_admission(max_concurrency, max_queue, queue_timeout)
         seen: dict[str, int] = {}
         for member in members:  # unique names: events and stats are keyed by them
             if member.name in seen:
@@ -54,7 +80,11 @@ class Ensemble:
         self.method_name = method
         self.options = dict(options)
         self.method = build_method(method, self.members, options)
-        self._lock = threading.Lock()
+        self.on_member_failure = on_member_failure
+        limit = max_concurrency or default_concurrency(self.members)
+        queue = 4 * limit if max_queue is None else max_queue
+        self.admission = Admission(limit, queue, queue_timeout)
+        self._weights: dict[str, float] | None = None  # the last finished request's
 
     @classmethod
     def from_pretrained(
@@ -68,6 +98,10 @@ class Ensemble:
         use_safetensors: bool = True,
         attn_implementation: str | None = None,
         progress: bool = False,
+        on_member_failure: str = "raise",
+        max_concurrency: int | None = None,
+        max_queue: int | None = None,
+        queue_timeout: float | None = None,
         **options: Any,
     ) -> Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
@@ -81,6 +115,8 @@ class Ensemble:
                 "models is empty; pass one or more local model directories or hub ids."
             )
         check_method(method, len(models), options)  # fail before loading anything
+        _check_policy(on_member_failure)
+        check_admission(max_concurrency, max_queue, queue_timeout)
         devices = _per_member(device, len(models), "device")
         dtypes = _per_member(dtype, len(models), "dtype")
         labels = _per_member(names, len(models), "names") if names else [None] * len(models)
@@ -102,7 +138,15 @@ class Ensemble:
             )
             for i in steps
         ]
-        return cls(members, method, **options)
+        return cls(
+            members,
+            method,
+            on_member_failure=on_member_failure,
+            max_concurrency=max_concurrency,
+            max_queue=max_queue,
+            queue_timeout=queue_timeout,
+            **options,
+        )
 
     @classmethod
     def demo(cls, method: str = "safe", **kwargs: Any) -> Ensemble:
@@ -124,9 +168,11 @@ class Ensemble:
     ) -> Iterator[Delta]:
         """Deltas of the response as it is committed; the last one has finish_reason and stats.
 
-        Inputs are checked here, before the first `next()`, so bad input fails at the call."""
+        The request is checked and every member's prompt rendered here, before the first
+        `next()`, so bad input fails at the call. Iteration waits for a request slot
+        (`max_concurrency`) first; closing the stream (or dropping it) frees its slot."""
         config = self._config(config, overrides)
-        return self._run(normalize_messages(messages), config, on_event)
+        return self._start(normalize_messages(messages), config, on_event)
 
     def generate(
         self,
@@ -136,12 +182,11 @@ class Ensemble:
         on_event: OnEvent = None,
         **overrides: Any,
     ) -> Output:
-        parts, events, last = [], [], None
-        for delta in self.stream(messages, config, on_event=on_event, **overrides):
-            parts.append(delta.text)
-            events.extend(delta.events)
-            last = delta
-        return Output("".join(parts), last.finish_reason, last.stats, events)
+        deltas = self.stream(messages, config, on_event=on_event, **overrides)
+        try:
+            return _collect(deltas)
+        finally:
+            deltas.close()
 
     async def astream(
         self,
@@ -151,7 +196,8 @@ class Ensemble:
         on_event: OnEvent = None,
         **overrides: Any,
     ) -> AsyncIterator[Delta]:
-        """`stream` on a worker thread: the event loop keeps running while models compute."""
+        """`stream` on a worker thread: the event loop keeps running while models compute, and
+        cancelling the consumer stops the request at its next forward pass."""
         iterator = self.stream(messages, config, on_event=on_event, **overrides)
         async for delta in iterate_in_thread(iterator):
             yield delta
@@ -173,15 +219,19 @@ class Ensemble:
 
     @property
     def weights(self) -> dict[str, float] | None:
-        """Voting weights, for methods that learn them (SpecEM)."""
+        """Voting weights, for methods that learn them (SpecEM): the persisted ones, or those
+        the last finished request ended with."""
         weights = getattr(self.method, "weights", None)
-        return dict(weights) if isinstance(weights, dict) else None
+        if getattr(self.method, "persist_weights", False) or self._weights is None:
+            return dict(weights) if isinstance(weights, dict) else None
+        return dict(self._weights)
 
     def reset_weights(self) -> None:
         reset = getattr(self.method, "reset_weights", None)
         if reset is None:
             raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
         reset()
+        self._weights = None
 
     def summary(self) -> dict:
         return self.method.summary()
@@ -202,54 +252,150 @@ class Ensemble:
             )
         return dataclasses.replace(config, **overrides)
 
-    def _run(self, messages, config: GenerationConfig, on_event: OnEvent) -> Iterator[Delta]:
-        with self._lock:
-            started = time.perf_counter()
-            request = Request(config, Sampler(config), on_event=on_event)
-            for member in self.method.active:
-                member.reset_counters()
-                request.stats.prompt_tokens[member.name] = member.start(messages)
-            stops = StopFilter(config.stop)
-            finish, text = "length", ""
-            commits = self.method.run(request)
+    def _start(self, messages, config: GenerationConfig, on_event: OnEvent) -> RequestStream:
+        """A request's own member views and method copy, with every prompt rendered."""
+        cancel = threading.Event()
+        members = [m.spawn(cancel) for m in self.members]
+        method = self.method.bind(members)
+        request = Request(config, Sampler(config), on_event=on_event)
+        for member in method.active:
+            request.stats.prompt_tokens[member.name] = member.start(messages)
+        run = _Run(self, members, method, request)
+        return RequestStream(run.deltas(), members, cancel, self.admission)
+
+
+class RequestStream(Iterator[Delta]):
+    """The deltas of one request. `close()` ends it (its slot and state go at once);
+    `cancel()`, callable from any thread, stops it at its next forward pass. `members` are the
+    request's own member views (ids, text, cache), in the ensemble's order."""
+
+    def __init__(
+        self, deltas: Iterator[Delta], members: list[Member], cancel: threading.Event, admission
+    ) -> None:
+        self._deltas = deltas
+        self.members = members
+        self._cancel = cancel
+        self._admission = admission
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> Delta:
+        with self._admission.running_here():
+            return next(self._deltas)
+
+    def close(self) -> None:
+        self._deltas.close()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+
+class _Run:
+    """One request in flight: the loop from commits to deltas, the member-failure policy."""
+
+    def __init__(self, ensemble: Ensemble, members, method: Method, request: Request) -> None:
+        self.ensemble = ensemble
+        self.members = members
+        self.method = method
+        self.request = request
+        self.started = time.perf_counter()
+
+    def deltas(self) -> Iterator[Delta]:
+        with self.ensemble.admission.slot():
+            self.started = time.perf_counter()
+            finish, text, stops = "length", "", StopFilter(self.request.config.stop)
+            try:
+                finish, text = yield from self._commits(stops)
+            except CallbackFailed as failed:
+                raise failed.error from None
+            if not stops.stopped:
+                text += stops.flush()
+            last = self._last(text, finish)
+            for member in self.members:  # a finished request's prefixes serve later ones
+                member.keep_prefix()
+            yield last
+
+    def _commits(self, stops: StopFilter):
+        """Runs the method (again, without a failed member, under "drop") until it is done;
+        returns (finish_reason, text held back for the last delta)."""
+        request, method = self.request, self.method
+        while True:
+            commits = method.run(request)
             try:
                 for commit in commits:
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
                     text = stops.feed(commit.text)
                     if stops.stopped or commit.finish or request.remaining <= 0:
-                        finish = "stop" if stops.stopped else (commit.finish or "length")
-                        break
+                        return ("stop" if stops.stopped else (commit.finish or "length")), text
                     if text or request.pending:
-                        yield self._delta(text, request, started)
-                    text = ""
+                        yield self._delta(text)
+                return "length", ""
             except ContextOverflow:
-                finish = "length"
-            except EnsembleError:
+                return "length", ""
+            except MemberError as error:
+                method = self._after_failure(method, error)
+            except (EnsembleError, CallbackFailed):
                 raise
             except Exception as error:
                 raise MemberError(
-                    f"method {self.method_name!r} failed: {type(error).__name__}: {error}"
+                    f"method {self.ensemble.method_name!r} failed: {type(error).__name__}: {error}"
                 ) from error
             finally:
                 commits.close()
-            if not stops.stopped:
-                text += stops.flush()
-            stats = request.stats
-            for member in self.method.active:
+
+    def _after_failure(self, method: Method, error: MemberError) -> Method:
+        """Report the failure; under "drop" the method without that member, else re-raise."""
+        request = self.request
+        name = error.member
+        request.emit(MemberFailed(name or "", str(error), error.operation or ""))
+        request.stats.count("member_failed")
+        if name is not None:
+            request.stats.failed[name] = str(error)
+        active = [m.name for m in method.active]
+        if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
+            raise error
+        return method.without(name)
+
+    def _delta(self, text: str) -> Delta:
+        stats = self.request.stats
+        if text and stats.first_delta_seconds is None:
+            stats.first_delta_seconds = time.perf_counter() - self.started
+        events, self.request.pending = tuple(self.request.pending), []
+        return Delta(text, events)
+
+    def _last(self, text: str, finish: str) -> Delta:
+        stats = self.request.stats
+        for member in self.members:
+            if member.calls or member.name in stats.prompt_tokens:
                 stats.member_seconds[member.name] = member.seconds
                 stats.member_calls[member.name] = member.calls
-            if self.weights is not None:
-                stats.weights = self.weights
-            stats.seconds = time.perf_counter() - started
-            if stats.first_delta_seconds is None and text:
-                stats.first_delta_seconds = stats.seconds
-            events, request.pending = tuple(request.pending), []
-            yield Delta(text, events, finish, stats)
+                stats.prefilled[member.name] = getattr(member, "prefilled", 0)
+                stats.cache_bytes += member.memory_bytes()
+        weights = getattr(self.method, "weights", None)
+        if isinstance(weights, dict):
+            stats.weights = dict(weights)
+            self.ensemble._weights = dict(weights)
+        stats.seconds = time.perf_counter() - self.started
+        if stats.first_delta_seconds is None and text:
+            stats.first_delta_seconds = stats.seconds
+        events, self.request.pending = tuple(self.request.pending), []
+        return Delta(text, events, finish, stats)
 
-    @staticmethod
-    def _delta(text: str, request: Request, started: float) -> Delta:
-        if text and request.stats.first_delta_seconds is None:
-            request.stats.first_delta_seconds = time.perf_counter() - started
-        events, request.pending = tuple(request.pending), []
-        return Delta(text, events)
+
+def _collect(deltas: Iterator[Delta]) -> Output:
+    parts, events, last = [], [], None
+    for delta in deltas:
+        parts.append(delta.text)
+        events.extend(delta.events)
+        last = delta
+    return Output("".join(parts), last.finish_reason, last.stats, events)
+
+
+def _check_policy(policy: str) -> None:
+    if policy not in FAILURE_POLICIES:
+        raise InvalidConfigError(
+            f"on_member_failure={policy!r} is not supported; use 'raise' (a failing member ends "
+            "the request) or 'drop' (the request goes on with the other members)."
+        )

@@ -48,9 +48,25 @@ class ContextWindowError(EnsembleError):
 
 
 class MemberError(EnsembleError):
-    """A member failed while generating (the message names the member)."""
+    """A member failed while generating. The message names the member and the operation;
+    `member` and `operation` hold them (None when the failure was not inside one member)."""
+
+    def __init__(self, message: str, *, member: str | None = None, operation: str | None = None):
+        super().__init__(message)
+        self.member = member
+        self.operation = operation
 
 
 class ServerError(MemberError):
     """A remote member's server is down, timed out, or refused a request (the message names the
     member and the URL). The ensemble stays usable: the next request starts afresh."""
+
+
+class RequestCancelled(EnsembleError):
+    """The request was cancelled (its stream closed, or its async task cancelled) while a member
+    was about to compute; nothing of it is kept."""
+
+
+class EnsembleBusyError(EnsembleError):
+    """The ensemble already runs `max_concurrency` requests and its waiting queue is full, or a
+    request waited longer than `queue_timeout` for a slot."""

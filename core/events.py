@@ -115,9 +115,13 @@ class WeightsUpdated(Event):
 
 @dataclass(frozen=True)
 class MemberFailed(Event):
+    """A member failed during the request: `operation` it was doing, `error` what happened.
+    With `on_member_failure="drop"` the request goes on without it; else it ends there."""
+
     name: ClassVar[str] = "member_failed"
     member: str
     error: str
+    operation: str = ""
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (

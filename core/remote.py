@@ -176,7 +176,6 @@ class RemoteMember(Member):
         self.root = spec.base_url.removesuffix("/v1")  # vLLM's /tokenize lives at the root
         self.name = name or spec.name or spec.base_url
         self.model = None  # no weights here: the server holds them
-        self._rows: dict[int, torch.Tensor] = {}  # prefix length -> next-token log-probs
         self._rows_read = False  # the last draft's rows were read: send them with the next
         headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
         self._client = httpx.Client(
@@ -292,7 +291,8 @@ class RemoteMember(Member):
                         raise ServerError(
                             f"member {self.name!r}: the server at {url} is down or unreachable "
                             f"({type(error).__name__}: {error}) after {attempt + 1} attempts; "
-                            "start it (or fix base_url) and send the request again."
+                            "start it (or fix base_url) and send the request again.",
+                            member=self.name,
                         ) from error
                     time.sleep(min(0.5 * 2**attempt, 4.0))
                     continue
@@ -300,10 +300,13 @@ class RemoteMember(Member):
                     raise ServerError(
                         f"member {self.name!r}: no answer from {url} within "
                         f"{self.spec.timeout:g} s; the server is overloaded or stuck (raise "
-                        "Remote(timeout=...) for slow servers)."
+                        "Remote(timeout=...) for slow servers).",
+                        member=self.name,
                     ) from error
                 except httpx.HTTPError as error:
-                    raise ServerError(f"member {self.name!r}: {url} failed: {error}") from error
+                    raise ServerError(
+                        f"member {self.name!r}: {url} failed: {error}", member=self.name
+                    ) from error
                 if response.status_code in _RETRY_STATUS and not last:
                     time.sleep(min(0.5 * 2**attempt, 4.0))
                     continue
@@ -311,12 +314,14 @@ class RemoteMember(Member):
                     raise ServerError(
                         f"member {self.name!r}: {url} does not exist, so the tokenizer cannot "
                         "be checked (vLLM serves /tokenize); pass Remote(check_tokenizer=False) "
-                        "if you are sure client and server tokenize alike."
+                        "if you are sure client and server tokenize alike.",
+                        member=self.name,
                     )
                 if response.status_code != 200:
                     raise ServerError(
                         f"member {self.name!r}: {url} answered {response.status_code}: "
-                        f"{_message(response)}"
+                        f"{_message(response)}",
+                        member=self.name,
                     )
                 return response.json()
             raise AssertionError("unreachable")
@@ -381,24 +386,42 @@ class RemoteMember(Member):
     def lane(self) -> str:
         return f"remote:{id(self)}"  # a server: overlaps with everything else
 
+    def spawn(self, cancel=None) -> RemoteMember:
+        twin = super().spawn(cancel)
+        twin._rows_read = False
+        return twin
+
+    @property
+    def _rows(self) -> dict[int, torch.Tensor]:
+        """Prefix length -> next-token log-probs: the last rows asked for (never mutated: a new
+        dict replaces it, so a failed operation's state can be put back)."""
+        return self._state.cache or {}
+
     def _rewind(self, keep: int) -> None:
-        self._rows = {n: row for n, row in self._rows.items() if n <= keep}
+        self._state.cache = {n: row for n, row in self._rows.items() if n <= keep}
 
     def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
-        ends = [self._prompt_len + b for b in boundaries]
-        missing = sorted({n for n in ends if n not in self._rows})
-        if missing:
-            rows = self._next_rows([self._seq[:n] for n in missing])
-            kept = {n: self._rows[n] for n in ends if n in self._rows}
-            self._rows = {**kept, **dict(zip(missing, rows, strict=True))}
-        return torch.stack([self._rows[n] for n in ends])
+        with self._transaction("next-token distributions"):
+            ends = [self._state.prompt_len + b for b in boundaries]
+            missing = sorted({n for n in ends if n not in self._rows})
+            if missing:
+                self._check_cancelled()
+                rows = self._next_rows([self._state.seq[:n] for n in missing])
+                kept = {n: self._rows[n] for n in ends if n in self._rows}
+                self._state.cache = {**kept, **dict(zip(missing, rows, strict=True))}
+            return torch.stack([self._rows[n] for n in ends])
 
     def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
+        with self._transaction("draft"):
+            return self._draft(max_tokens, sampler)
+
+    def _draft(self, max_tokens: int, sampler: Sampler) -> Draft:
         n = min(max_tokens, self.room)
         if n <= 0:
             return Draft([], torch.empty(0, self.vocab.size), False)
-        prefix = list(self._seq)
+        self._check_cancelled()
+        prefix = list(self._state.seq)
         if sampler.greedy:
             sampling: dict[str, Any] = {"temperature": 0.0}
         else:  # the server samples, seeded from the request's generator: reproducible
@@ -412,7 +435,8 @@ class RemoteMember(Member):
         if ids is None:
             raise ServerError(
                 f"member {self.name!r}: the server at {self.base_url} does not return token "
-                "ids (vLLM's return_token_ids, vLLM >= 0.10.2); upgrade the server."
+                "ids (vLLM's return_token_ids, vLLM >= 0.10.2); upgrade the server.",
+                member=self.name,
             )
         ids = list(ids)
         stopped = bool(ids) and ids[-1] in self.stop_ids
@@ -443,11 +467,16 @@ class RemoteMember(Member):
                 f"member {self.name!r} is served over HTTP, which gives log-probs, not raw "
                 "logits; use SpecEM's score='logprob' or 'prob' with remote members."
             )
+        with self._transaction("verify-in-line scoring"):
+            return self._score(continuations, base, ends)
+
+    def _score(self, continuations, base, ends) -> list[torch.Tensor]:
         blocks, ends, start = self._continuation_blocks(continuations, base, ends)
         if not blocks:
             return []
+        self._check_cancelled()
         body: dict[str, Any] = {
-            "prompt": [self._seq[:start] + block for block in blocks],
+            "prompt": [self._state.seq[:start] + block for block in blocks],
             "max_tokens": 1,
             "prompt_logprobs": 0,
         }
@@ -465,9 +494,11 @@ class RemoteMember(Member):
         return scores
 
     def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
-        branches = self._check_branches(boundary, branches)
-        prefix = self._seq[: self._prompt_len + boundary]
-        return self._next_rows([prefix + branch for branch in branches])
+        with self._transaction("branch scoring"):
+            branches = self._check_branches(boundary, branches)
+            self._check_cancelled()
+            prefix = self._state.seq[: self._state.prompt_len + boundary]
+            return self._next_rows([prefix + branch for branch in branches])
 
 
 def _local_config(source: str) -> tuple[dict[str, int], list[int]]:

@@ -208,9 +208,10 @@ class Aligned:
     probs: torch.Tensor  # [members, candidates], float32 on CPU
 
 
-def _member_eos_logprob(vocab: Vocab, stop_ids: Sequence[int], logprobs: torch.Tensor) -> float:
+def stop_logprob(logprobs: torch.Tensor, stop_ids: Sequence[int]) -> float:
+    """Log-probability of ending the turn: the mass of every stop id (-inf when none)."""
     ids = [i for i in stop_ids if i < logprobs.shape[-1]]
-    return torch.logsumexp(logprobs[ids], dim=0).item() if ids else float("-inf")
+    return torch.logsumexp(logprobs[ids].float(), dim=0).item() if ids else float("-inf")
 
 
 def unite_union(
@@ -237,7 +238,7 @@ def unite_union(
         values = []
         for s in strings:
             if s == EOS:
-                values.append(_member_eos_logprob(vocab, stops, lp_cpu))
+                values.append(stop_logprob(lp_cpu, stops))
                 continue
             i = vocab.first_id(s)
             values.append(lp_cpu[i].item() if i is not None else float("-inf"))

@@ -12,11 +12,12 @@ PROBLEMS = make_problems(20, seed=5, form="cot")
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])
-def test_single_reproduces_model_generate(make_ensemble, shipped_members, index):
-    member = shipped_members[index]
+def test_single_reproduces_model_generate(make_ensemble, index):
     ens = make_ensemble("single", members=[index])
     for problem in PROBLEMS:
-        out = ens.generate(problem.messages, max_new_tokens=48)
+        stream = ens.stream(problem.messages, max_new_tokens=48)
+        *_, last = stream
+        member = stream.members[0]  # the request's own view: its prompt and generated ids
         prompt = torch.tensor([member.prompt_ids])
         with torch.no_grad():
             reference = member.model.generate(
@@ -30,8 +31,8 @@ def test_single_reproduces_model_generate(make_ensemble, shipped_members, index)
         stopped = reference[-1] in member.stop_ids
         generated = reference[:-1] if stopped else reference
         assert member.ids == generated, problem.question
-        assert out.stats.tokens == len(reference)
-        assert out.finish_reason == ("stop" if stopped else "length")
+        assert last.stats.tokens == len(reference)
+        assert last.finish_reason == ("stop" if stopped else "length")
 
 
 @pytest.mark.parametrize("aggregator", ["unite", "gac"])

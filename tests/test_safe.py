@@ -117,10 +117,10 @@ def test_ensembled_token_replaces_the_draft_and_members_stay_canonical(tiny_memb
     drafter = Scripted(tiny_members[0], [(wrong, 0.9), (right, 0.1)], "bpe-draft")
     verifiers = [Scripted(tiny_members[0], [right], f"bpe-{i}") for i in range(2)]
     ens = Ensemble([drafter, *verifiers], "safe")
-    text = ""
-    for delta in ens.stream(PROMPT, GenerationConfig(max_new_tokens=32)):
+    text, stream = "", ens.stream(PROMPT, GenerationConfig(max_new_tokens=32))
+    for delta in stream:
         text += delta.text  # each delta is one cycle's commit: every member is synced to it
-        for member in ens.members:
+        for member in stream.members:
             assert member.text == text and member.ids == member.canonical_ids(text)
     assert text == right
     out = ens.generate(PROMPT, max_new_tokens=32)
@@ -218,10 +218,10 @@ def test_heuristic_sharpening_gathers_a_split_word():
 )
 def test_stats_add_up_and_verifiers_stay_canonical(tiny_members, options):
     ens = Ensemble(tiny_members, "safe", **options)
-    text = ""
-    for delta in ens.stream(PROMPT, GenerationConfig(max_new_tokens=24)):
+    text, stream = "", ens.stream(PROMPT, GenerationConfig(max_new_tokens=24))
+    for delta in stream:
         text += delta.text
-        for member in ens.members:
+        for member in stream.members:
             if member.name == ens.summary()["drafter"]:
                 continue  # a random drafter keeps its own (maybe non-canonical) tokens
             assert member.text == text and member.ids == member.canonical_ids(text)
@@ -392,9 +392,9 @@ def test_every_member_is_canonical_after_every_cycle(make_ensemble, drafter, gro
         "safe", members=[drafter, 1 - drafter], heal=drafter == 1, max_lookahead=grow
     )
     for problem in make_problems(3, seed=5):
-        text = ""
-        for delta in ens.stream(problem.messages, GenerationConfig(max_new_tokens=96)):
+        text, stream = "", ens.stream(problem.messages, GenerationConfig(max_new_tokens=96))
+        for delta in stream:
             text += delta.text
-            for member in ens.members:
+            for member in stream.members:
                 assert member.text == text and member.ids == member.canonical_ids(text)
         assert check_answer(text, problem) in (True, False)

@@ -8,6 +8,7 @@ rendering, stop strings, max_new_tokens, streaming, timing.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,19 @@ class Request:
     def emit(self, event: Event) -> None:
         self.pending.append(event)
         if self.on_event is not None:
-            self.on_event(event)
+            try:
+                self.on_event(event)
+            except Exception as error:  # the user's own bug: it reaches the caller as itself
+                raise CallbackFailed(error) from error
+
+
+class CallbackFailed(Exception):
+    """Carries an exception raised by the user's `on_event` callback out of a method, so the
+    facade re-raises it as it was instead of reporting a member failure."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
 
 
 def pick_member(members: Sequence[Member], which: int | str, option: str) -> int:
@@ -74,8 +87,16 @@ def check_choice(option: str, value: object, choices: Sequence[object]) -> None:
 
 
 class Method(ABC):
+    """One instance per ensemble holds the options and what is derived once from the members'
+    vocabularies; `bind` gives each request its own shallow copy whose `members` are that
+    request's member views, so `run` keeps per-request state in locals (or on that copy) only.
+
+    `member_options` names the attributes that hold member indices (an int, or a list of ints):
+    `without` keeps them pointing at the same members when one member leaves a request."""
+
     name: ClassVar[str]
     min_members: ClassVar[int] = 1
+    member_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, members: Sequence[Member]) -> None:
         if len(members) < self.min_members:
@@ -84,6 +105,38 @@ class Method(ABC):
                 f"members, got {len(members)}; pass more models, or use method='single'."
             )
         self.members = list(members)
+
+    def bind(self, members: Sequence[Member]) -> Method:
+        """This method for one request, over that request's member views (same order)."""
+        twin = copy.copy(self)
+        twin.members = list(members)
+        return twin
+
+    def without(self, name: str) -> Method:
+        """The method for the rest of a request after member `name` failed: the same method over
+        the others, a role the failed member held passing to the next member in order (SAFE's
+        drafter, say); one member alone, or too few drafters left, runs as `single`."""
+        gone = next(i for i, m in enumerate(self.members) if m.name == name)
+        rest = [m for i, m in enumerate(self.members) if i != gone]
+        if not rest:
+            raise IndexError("no member left")
+        twin = self.bind(rest)
+        lead = 0
+        for option in self.member_options:
+            value = getattr(self, option)
+            if isinstance(value, list):
+                kept = [i - (i > gone) for i in value if i != gone]
+                setattr(twin, option, kept)
+                lead = kept[0] if kept else 0
+                if len(kept) < len(value) and len(kept) < 2:
+                    return _single(rest, lead)
+            else:
+                moved = value - (value > gone) if value != gone else value % len(rest)
+                setattr(twin, option, moved)
+                lead = moved
+        if len(rest) < self.min_members:
+            return _single(rest, lead)
+        return twin
 
     @property
     def active(self) -> list[Member]:
@@ -97,3 +150,9 @@ class Method(ABC):
     def summary(self) -> dict:
         """JSON-safe description (adapters put it in response metadata)."""
         return {"method": self.name, "members": [m.name for m in self.members]}
+
+
+def _single(members: Sequence[Member], index: int) -> Method:
+    from . import method_class
+
+    return method_class("single")(members, member=index)

@@ -246,6 +246,7 @@ class _View:
 class Safe(Method):
     name = "safe"
     min_members = 2
+    member_options = ("drafter",)
 
     def __init__(
         self,

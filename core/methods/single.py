@@ -9,6 +9,7 @@ from .base import Commit, Method, Request, pick_member
 
 class Single(Method):
     name = "single"
+    member_options = ("index",)
 
     def __init__(self, members, member: int | str = 0) -> None:
         super().__init__(members)

@@ -106,6 +106,15 @@ def hedge(weights: torch.Tensor, rewards: torch.Tensor, lr: float, t: int) -> to
 
 
 @dataclass
+class _Learning:
+    """The voting weights and the learning-rate schedule's t: one per request, or one shared
+    by every request when the weights persist."""
+
+    weights: torch.Tensor
+    t: int = 0
+
+
+@dataclass
 class _Candidate:
     text: str
     ended: bool
@@ -124,6 +133,7 @@ class SpecEM(Method):
 
     name = "specem"
     min_members = 2
+    member_options = ("drafters",)
 
     def __init__(
         self,
@@ -180,24 +190,37 @@ class SpecEM(Method):
 
     @property
     def weights(self) -> dict[str, float]:
-        return {m.name: float(w) for m, w in zip(self.members, self._weights, strict=True)}
+        return {m.name: float(w) for m, w in zip(self.members, self._learning.weights, strict=True)}
 
     def reset_weights(self) -> None:
         """Uniform weights, and the learning-rate schedule starts again at t = 1."""
         k = len(self.members)
-        self._weights = torch.full((k,), 1.0 / k, dtype=torch.float64)
-        self._t = 0
+        self._learning = _Learning(torch.full((k,), 1.0 / k, dtype=torch.float64))
+
+    def bind(self, members) -> SpecEM:
+        """A request shares the persisted weights, or learns its own from uniform."""
+        twin = super().bind(members)
+        if not self.persist_weights:
+            twin.reset_weights()
+        return twin
+
+    def without(self, name: str):
+        twin = super().without(name)
+        if isinstance(twin, SpecEM):  # the voting weights of the members that stay
+            keep = [i for i, m in enumerate(self.members) if m.name != name]
+            weights = self._learning.weights[keep]
+            twin._learning = _Learning(weights / weights.sum(), self._learning.t)
+        return twin
 
     # --- one request -----------------------------------------------------------------------
 
     def run(self, request: Request) -> Iterator[Commit]:
-        if not self.persist_weights:
-            self.reset_weights()
+        learning = self._learning
         names = [m.name for m in self.members]
         round_ = 0
         while request.remaining > 0:
             round_ += 1
-            self._t += 1
+            learning.t += 1
             request.stats.count("rounds")
             base = request.text
             for member in self.members:
@@ -228,13 +251,13 @@ class SpecEM(Method):
             authors = [self.drafters[a] for a, _ in columns]
             if self.feedback and len(candidates) > 1:
                 rewards = win_rates(matrix, authors)
-                self._weights = hedge(self._weights, rewards, self.lr, self._t)
+                learning.weights = hedge(learning.weights, rewards, self.lr, learning.t)
                 request.emit(
                     WeightsUpdated(
                         round_, self.weights, dict(zip(names, rewards.tolist(), strict=True))
                     )
                 )
-            totals = (self._weights[:, None] * shares).sum(0).tolist()
+            totals = (learning.weights[:, None] * shares).sum(0).tolist()
             best = max(range(len(candidates)), key=lambda c: (totals[c], -c))  # ties: first
             chosen = candidates[best]
             winner = self.members[self.drafters[chosen.authors[0]]]

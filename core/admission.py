@@ -1,0 +1,145 @@
+"""How many requests one ensemble runs at once, and what the others do meanwhile.
+
+Requests run concurrently (each with its own member state; their forward passes are batched per
+model), up to `max_concurrency` at a time. Beyond that a request waits in a queue of at most
+`max_queue` requests, for at most `queue_timeout` seconds; a full queue or a timeout is an
+`EnsembleBusyError` at once, never a hang. A request started from inside another one on the
+same thread (a `generate` in an `on_event` callback) does not queue behind its own parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from .errors import EnsembleBusyError, InvalidConfigError
+
+_MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
+_MEMORY_SHARE = 0.5  # of the memory free at load time, what concurrent requests' caches may use
+
+
+class Admission:
+    def __init__(self, max_concurrency: int, max_queue: int, queue_timeout: float | None) -> None:
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self.queue_timeout = queue_timeout
+        self._changed = threading.Condition()
+        self._running = 0
+        self._waiting = 0
+        self._inside = threading.local()  # set while this thread runs one of our requests
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one of the `max_concurrency` slots (waiting in the queue if need be)."""
+        self._acquire()
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify()
+
+    @contextlib.contextmanager
+    def running_here(self) -> Iterator[None]:
+        """Mark this thread as running one of our requests (for the nested-request rule)."""
+        outer = getattr(self._inside, "depth", 0)
+        self._inside.depth = outer + 1
+        try:
+            yield
+        finally:
+            self._inside.depth = outer
+
+    def _acquire(self) -> None:
+        nested = getattr(self._inside, "depth", 0) > 1  # this request runs inside another
+        with self._changed:
+            if nested or self._running < self.max_concurrency:
+                self._running += 1
+                return
+            if self._waiting >= self.max_queue:
+                raise EnsembleBusyError(
+                    f"the ensemble runs {self._running} requests (max_concurrency="
+                    f"{self.max_concurrency}) and {self._waiting} more are waiting "
+                    f"(max_queue={self.max_queue}); retry later, or raise max_concurrency / "
+                    "max_queue when building the Ensemble."
+                )
+            self._waiting += 1
+            deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
+            try:
+                while self._running >= self.max_concurrency:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise EnsembleBusyError(
+                            f"no request slot freed within queue_timeout={self.queue_timeout:g} "
+                            f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
+                            "queue_timeout / max_concurrency when building the Ensemble."
+                        )
+                    self._changed.wait(left)
+                self._running += 1
+            finally:
+                self._waiting -= 1
+
+
+def check_admission(max_concurrency, max_queue, queue_timeout) -> None:
+    for name, value in (("max_concurrency", max_concurrency), ("max_queue", max_queue)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidConfigError(f"{name}={value!r} must be a positive integer or None.")
+        if value is not None and value < (1 if name == "max_concurrency" else 0):
+            raise InvalidConfigError(f"{name}={value!r} is too small; e.g. {name}=8.")
+    if queue_timeout is not None and (
+        isinstance(queue_timeout, bool)
+        or not isinstance(queue_timeout, (int, float))
+        or not 0 < queue_timeout < float("inf")
+    ):
+        raise InvalidConfigError(
+            f"queue_timeout={queue_timeout!r} must be seconds > 0, or None (wait for a slot)."
+        )
+
+
+def default_concurrency(members: Sequence) -> int:
+    """As many requests as half the free memory can hold caches for, each at its members' full
+    context windows (at least 1, at most 64). Remote members hold nothing here."""
+    per_request: dict[str, int] = {}
+    for member in members:
+        model = getattr(member, "model", None)
+        if model is None:
+            continue
+        device = str(getattr(member, "device", "cpu"))
+        per_request[device] = per_request.get(device, 0) + _cache_bytes(member)
+    limit = _MAX_DEFAULT
+    for device, need in per_request.items():
+        if need > 0:
+            limit = min(limit, int(_MEMORY_SHARE * _free_bytes(device) // need))
+    return max(1, limit)
+
+
+def _cache_bytes(member) -> int:
+    """Key/value bytes of one request at the member's full context window."""
+    config = member.model.config.get_text_config()
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
+    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads else 0)
+    size = torch.finfo(member.dtype).bits // 8 if member.dtype.is_floating_point else 4
+    return 2 * layers * kv_heads * head_dim * size * member.context_window
+
+
+def _free_bytes(device: str) -> int:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as info:
+        for line in info:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return 8 << 30
