@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,7 @@ class Admission:
         self._changed = threading.Condition()
         self._running = 0
         self._waiting = 0
+        self._quick = False  # this admission holds the quick switch interval
         self._inside = threading.local()  # set while this thread runs one of our requests
 
     @property
@@ -47,6 +49,16 @@ class Admission:
             with self._changed:
                 self._running -= 1
                 self._changed.notify()
+                self._follow_load()
+
+    def _follow_load(self) -> None:
+        """Quick thread switches while more than one request runs (called under the lock)."""
+        busy = self._running > 1
+        if busy and not self._quick:
+            _switches.__enter__()
+        elif self._quick and not busy:
+            _switches.__exit__(None, None, None)
+        self._quick = busy
 
     @contextlib.contextmanager
     def running_here(self) -> Iterator[None]:
@@ -63,6 +75,7 @@ class Admission:
         with self._changed:
             if nested or self._running < self.max_concurrency:
                 self._running += 1
+                self._follow_load()
                 return
             if self._waiting >= self.max_queue:
                 raise EnsembleBusyError(
@@ -84,8 +97,45 @@ class Admission:
                         )
                     self._changed.wait(left)
                 self._running += 1
+                self._follow_load()
             finally:
                 self._waiting -= 1
+
+
+class _SwitchInterval:
+    """Python's thread switch interval, lowered while requests run concurrently.
+
+    Concurrent requests are threads: while one runs a batched forward pass (hundreds of small
+    torch operations, each releasing the interpreter lock), the others do their own Python work
+    between passes. At Python's default 5 ms switch interval, the pass waits up to 5 ms for the
+    lock after each operation while another thread computes: measured on the testbed, 8
+    concurrent requests ran 2.5x slower than with 0.5 ms. So while more than one request runs,
+    the interval is at most 0.5 ms; the previous value comes back when they are done (unless
+    someone else changed it meanwhile)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: float | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users == 1:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, _SWITCH_SECONDS))
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._saved is not None:
+                if sys.getswitchinterval() == min(self._saved, _SWITCH_SECONDS):
+                    sys.setswitchinterval(self._saved)
+                self._saved = None
+
+
+_SWITCH_SECONDS = 0.0005
+_switches = _SwitchInterval()
 
 
 def check_admission(max_concurrency, max_queue, queue_timeout) -> None:

@@ -17,6 +17,7 @@ therefore runs its pass exactly as before, in its own thread, with no padding.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, value
 
 _MAX_ROWS = 32  # rows per batched pass
 _SIMILAR = 8  # passes batch together when their new-token counts are within 2x (or <= this)
+_GATHER_SECONDS = 0.0005  # the most a leader waits for passes still arriving
 
 
 @dataclass
@@ -102,12 +104,27 @@ class Batcher:
     def _lead(self, own: _Ticket) -> Pass:
         try:
             while not own.finished:
+                self._gather()
                 with self._lock:
                     batch = self._take(own)
                 self._execute(batch, own)
         finally:
             self._hand_over()
         return own.result()
+
+    def _gather(self) -> None:
+        """Let the other request threads run while more passes keep arriving (a few hundred
+        microseconds at most): a batch that waited for them costs little more than a lone pass,
+        a batch that left them out costs them a whole pass."""
+        if not self.batched:
+            return
+        deadline = time.perf_counter() + _GATHER_SECONDS
+        seen = len(self._queue)
+        while time.perf_counter() < deadline:
+            time.sleep(0)  # hand the interpreter to the other threads
+            if len(self._queue) == seen:
+                return
+            seen = len(self._queue)
 
     def _take(self, own: _Ticket) -> list[_Ticket]:
         """The leader's own pass first (if still queued), then others of a similar size."""

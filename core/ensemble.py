@@ -63,6 +63,7 @@ class Ensemble:
         max_concurrency: int | None = None,
         max_queue: int | None = None,
         queue_timeout: float | None = None,
+        prefix_reuse: bool = True,
         **options: Any,
     ) -> None:
         if not members:
@@ -81,6 +82,7 @@ class Ensemble:
         self.options = dict(options)
         self.method = build_method(method, self.members, options)
         self.on_member_failure = on_member_failure
+        self.prefix_reuse = bool(prefix_reuse)
         limit = max_concurrency or default_concurrency(self.members)
         queue = 4 * limit if max_queue is None else max_queue
         self.admission = Admission(limit, queue, queue_timeout)
@@ -102,6 +104,7 @@ class Ensemble:
         max_concurrency: int | None = None,
         max_queue: int | None = None,
         queue_timeout: float | None = None,
+        prefix_reuse: bool = True,
         **options: Any,
     ) -> Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
@@ -145,6 +148,7 @@ class Ensemble:
             max_concurrency=max_concurrency,
             max_queue=max_queue,
             queue_timeout=queue_timeout,
+            prefix_reuse=prefix_reuse,
             **options,
         )
 
@@ -255,7 +259,7 @@ class Ensemble:
     def _start(self, messages, config: GenerationConfig, on_event: OnEvent) -> RequestStream:
         """A request's own member views and method copy, with every prompt rendered."""
         cancel = threading.Event()
-        members = [m.spawn(cancel) for m in self.members]
+        members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
         method = self.method.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
         for member in method.active:

@@ -36,7 +36,7 @@ from .batching import Pass, batcher_for
 from .chat import Message, render_prompt
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .sampling import Sampler
-from .vocab import Vocab, is_cut, stop_logprob
+from .vocab import Vocab, is_cut, stop_logprob, tokenizer_lock
 
 _MAX_CUT_SCAN = 64  # tokens to look back for a cut before re-tokenizing the whole response
 
@@ -111,10 +111,11 @@ class Member(ABC):
         self.calls = 0
         self.seconds = 0.0
 
-    def spawn(self, cancel: threading.Event | None = None) -> Member:
+    def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> Member:
         """This member's view for one request: the same model, tokenizer and tables, its own
         sequence state and counters. `cancel`, once set, stops the request at its next forward
-        pass (`RequestCancelled`)."""
+        pass (`RequestCancelled`); `reuse` lets it share computed prompt prefixes with other
+        requests (where the backend keeps any)."""
         twin = copy.copy(self)
         twin._state, twin._depth, twin._cancel = SequenceState(), 0, cancel
         twin.calls, twin.seconds = 0, 0.0
@@ -189,8 +190,9 @@ class Member(ABC):
         return self.context_window - len(self._state.seq)
 
     def render(self, messages: list[Message]) -> list[int]:
-        prompt = render_prompt(self.tokenizer, messages, self.name)
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        with tokenizer_lock(self.tokenizer):
+            prompt = render_prompt(self.tokenizer, messages, self.name)
+        return self.vocab.encode_prompt(prompt)
 
     def start(self, messages: list[Message]) -> int:
         """Begin a request: render the prompt with this member's template. Returns its length."""
@@ -469,7 +471,8 @@ class HFMember(Member):
         self.takes_block_mask = attention in ("eager", "sdpa")
         self._batcher = batcher_for(model, batched=self.takes_block_mask)
         self._pool = _PrefixPool()
-        self.prefilled = 0  # prompt and response ids fed to the model (prefix reuse saves these)
+        self._reuse_prefixes = True
+        self.prefilled = 0  # prompt ids computed for the request (prefix reuse saves these)
 
     @classmethod
     def load(
@@ -502,9 +505,10 @@ class HFMember(Member):
         tokenizer = load_tokenizer(source)
         return cls(name or Path(source).name or source, model, tokenizer)
 
-    def spawn(self, cancel: threading.Event | None = None) -> HFMember:
+    def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> HFMember:
+        """`reuse=False`: this request neither takes nor leaves cached prompt prefixes."""
         twin = super().spawn(cancel)
-        twin.prefilled = 0
+        twin.prefilled, twin._reuse_prefixes = 0, reuse
         return twin
 
     # --- cache and forward ----------------------------------------------------------------
@@ -536,11 +540,11 @@ class HFMember(Member):
         self._pool.clear()
 
     def keep_prefix(self) -> None:
-        if self._kv is not None:
+        if self._kv is not None and self._reuse_prefixes:
             self._pool.put(self._state.seq, self._kv)
 
     def _reuse(self, prompt: list[int]) -> None:
-        if self._cached == 0:
+        if self._cached == 0 and self._reuse_prefixes:
             self._state.cache = self._pool.take(prompt)
 
     def _rewind(self, keep: int) -> None:
@@ -575,7 +579,6 @@ class HFMember(Member):
             torch.cuda.synchronize(self.device)
         self.calls += 1
         self.seconds += time.perf_counter() - start
-        self.prefilled += len(ids)
         self._state.cache = _KV(job.present, self._cached + len(ids))
         return job.rows
 
@@ -598,6 +601,7 @@ class HFMember(Member):
                     got, missing = {}, sorted(set(rows))
                 start = self._cached
                 out = self._forward(seq[start : missing[-1] + 1], [r - start for r in missing])
+                self.prefilled += max(0, min(prompt_len, missing[-1] + 1) - start)
                 got.update(zip(missing, out, strict=True))
                 self._set_last_row(got[missing[-1]])
             return torch.stack([got[r] for r in rows])

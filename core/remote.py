@@ -260,7 +260,7 @@ class RemoteMember(Member):
         with contextlib.suppress(ChatTemplateError):
             texts.append(render_prompt(self.tokenizer, greeting, self.name))
         for text in texts:
-            here = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            here = self.vocab.encode_prompt(text)
             body = {"model": self.served, "prompt": text, "add_special_tokens": False}
             there = self._request("POST", f"{self.root}/tokenize", body, check=True)["tokens"]
             if here != there:
@@ -386,8 +386,8 @@ class RemoteMember(Member):
     def lane(self) -> str:
         return f"remote:{id(self)}"  # a server: overlaps with everything else
 
-    def spawn(self, cancel=None) -> RemoteMember:
-        twin = super().spawn(cancel)
+    def spawn(self, cancel=None, reuse: bool = True) -> RemoteMember:
+        twin = super().spawn(cancel, reuse)
         twin._rows_read = False
         return twin
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -91,6 +92,22 @@ def _token_bytes(token: str, steps: list[dict], tokenizer) -> bytes:
     return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
+_LOCKS_LOCK = threading.Lock()
+
+
+def tokenizer_lock(tokenizer) -> threading.Lock:
+    """The lock every call into `tokenizer` takes. A fast tokenizer is not safe to call from
+    several threads at once: each call sets flags on the shared backend (`split_special_tokens`
+    becomes its `encode_special_tokens`), so a prompt tokenized while another thread encodes
+    response text with special tokens split comes out wrong. Concurrent requests share
+    tokenizers, so every call goes through this one lock per tokenizer object."""
+    with _LOCKS_LOCK:
+        lock = tokenizer.__dict__.get("_ensemble_lock")
+        if lock is None:
+            lock = tokenizer.__dict__["_ensemble_lock"] = threading.Lock()
+        return lock
+
+
 def _utf8_or_none(data: bytes) -> str | None:
     try:
         return data.decode("utf-8")
@@ -160,9 +177,15 @@ class Vocab:
         self._first_id_cache: dict[str, int | None] = {}
 
     def _raw_encode(self, text):
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
-            "input_ids"
-        ]
+        with tokenizer_lock(self.tokenizer):
+            return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
+                "input_ids"
+            ]
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of a rendered prompt: its special tokens (the template's markers) stay tokens."""
+        with tokenizer_lock(self.tokenizer):
+            return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def encode(self, text: str) -> list[int]:
         """Canonical ids of a response text (control-token look-alikes stay plain text)."""

@@ -1,0 +1,244 @@
+"""Many requests at once on one loaded ensemble, through the public API: concurrent greedy
+requests give exactly what sequential ones give (texts, events, stats) for every method, from
+threads and from asyncio; a paused stream or a request started from a callback blocks nobody; a
+cancelled request frees its slot; a full queue says so; a conversation's next turn reuses the
+cached prefix of the previous one."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import needs_trained
+
+from core import Ensemble, GenerationConfig
+from core.errors import EnsembleBusyError
+from core.testbed import make_problems
+
+CONFIG = GenerationConfig(max_new_tokens=32)
+PROBLEMS = make_problems(16, seed=11)
+METHODS = ["single", "token", "safe", "specem"]
+
+
+def _same(a, b) -> bool:
+    """Equal, but scores within 1e-4 (batched passes add rows to a matmul, which may move the
+    last bits of a float: never enough to change a text, as the texts show)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-4
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _fingerprint(out) -> tuple:
+    s = out.stats
+    return (
+        out.text,
+        out.finish_reason,
+        s.tokens,
+        s.ensembled,
+        dict(s.counts),
+        dict(s.prompt_tokens),
+        [e.to_dict() for e in out.events],
+    )
+
+
+@pytest.fixture(scope="module")
+def sequential(shipped_members):
+    """What each method gives for each problem, one request at a time."""
+    results = {}
+    for method in METHODS:
+        ens = Ensemble(list(shipped_members), method)
+        results[method] = [_fingerprint(ens.generate(p.messages, CONFIG)) for p in PROBLEMS]
+    return results
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_sixteen_threads_give_what_sequential_requests_give(shipped_members, sequential, method):
+    ens = Ensemble(list(shipped_members), method)
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS))
+    assert _same([_fingerprint(o) for o in outs], sequential[method])
+    assert ens.admission.running == 0
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+async def test_sixteen_tasks_give_what_sequential_requests_give(
+    shipped_members, sequential, method
+):
+    ens = Ensemble(list(shipped_members), method)
+    outs = await asyncio.gather(*(ens.agenerate(p.messages, CONFIG) for p in PROBLEMS))
+    assert _same([_fingerprint(o) for o in outs], sequential[method])
+
+
+@needs_trained
+def test_concurrent_passes_are_batched(shipped_members):
+    """The forward passes of concurrent requests run together: fewer passes than rows."""
+    ens = Ensemble(list(shipped_members[:1]), "single")
+    batcher = ens.members[0]._batcher
+    before_passes, before_rows = batcher.batches, batcher.rows
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS[:8]))
+    passes, rows = batcher.batches - before_passes, batcher.rows - before_rows
+    assert rows >= 8 * 2 and passes < rows
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_a_paused_stream_blocks_nobody(shipped_members, sequential, method):
+    ens = Ensemble(list(shipped_members), method)
+    paused = ens.stream(PROBLEMS[0].messages, CONFIG)
+    first = next(paused)
+    out = ens.generate(PROBLEMS[1].messages, CONFIG)  # would hang if the paused one held a lock
+    assert _same(_fingerprint(out), sequential[method][1])
+    rest = "".join(d.text for d in paused)  # the paused one finishes as if alone
+    assert first.text + rest == sequential[method][0][0]
+
+
+@needs_trained
+def test_a_request_from_inside_a_callback_completes(shipped_members, sequential):
+    ens = Ensemble(list(shipped_members), "safe", max_concurrency=1)
+    nested = []
+
+    def on_event(event):
+        if not nested:
+            nested.append(ens.generate(PROBLEMS[1].messages, CONFIG))
+
+    out = ens.generate(PROBLEMS[0].messages, CONFIG, on_event=on_event)
+    assert _same(_fingerprint(out), sequential["safe"][0])
+    assert _same(_fingerprint(nested[0]), sequential["safe"][1])
+
+
+@needs_trained
+def test_adapters_paused_streams_block_nobody(shipped_members):
+    from llama_index.core.llms import ChatMessage
+
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    ens = Ensemble(list(shipped_members), "safe")
+    question = PROBLEMS[0].question
+    chat = ChatEnsemble.from_ensemble(ens, max_tokens=24)
+    paused = chat.stream(question)
+    next(paused)
+    assert chat.invoke(question).content
+    llm = EnsembleLLM(ensemble=ens, max_new_tokens=24)
+    paused_chat = llm.stream_chat([ChatMessage(role="user", content=question)])
+    next(paused_chat)
+    assert llm.complete(question).text
+    paused.close()
+    paused_chat.close()
+
+
+@needs_trained
+def test_a_closed_stream_frees_its_slot(shipped_members):
+    ens = Ensemble(list(shipped_members), "specem", max_concurrency=2, max_queue=0)
+    streams = [ens.stream(p.messages, CONFIG) for p in PROBLEMS[:2]]
+    for stream in streams:
+        next(stream)
+    with pytest.raises(EnsembleBusyError, match="max_concurrency"):
+        ens.generate(PROBLEMS[2].messages, CONFIG)
+    for stream in streams:
+        stream.close()
+    assert ens.admission.running == 0
+    with ThreadPoolExecutor(2) as pool:  # the next 16 run, two at a time
+        outs = list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS))
+    assert all(o.text for o in outs)
+
+
+@needs_trained
+async def test_a_cancelled_task_frees_its_slot(shipped_members):
+    ens = Ensemble(list(shipped_members), "specem", max_concurrency=1, max_queue=0)
+    started = asyncio.Event()
+
+    async def consume():
+        async for _ in ens.astream(PROBLEMS[0].messages, GenerationConfig(max_new_tokens=200)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):  # the worker thread notices at its next forward pass
+        if ens.admission.running == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert ens.admission.running == 0
+    outs = [await ens.agenerate(p.messages, CONFIG) for p in PROBLEMS]
+    assert all(o.text for o in outs)
+
+
+@needs_trained
+def test_a_full_queue_and_a_queue_timeout_are_errors(shipped_members):
+    ens = Ensemble(list(shipped_members), "single", max_concurrency=1, max_queue=1,
+                   queue_timeout=0.05)  # fmt: skip
+    holder = ens.stream(PROBLEMS[0].messages, CONFIG)
+    next(holder)
+    with pytest.raises(EnsembleBusyError, match="queue_timeout"):
+        ens.generate(PROBLEMS[1].messages, CONFIG)  # waits in the queue, then gives up
+    waiting = threading.Event()
+    errors = []
+
+    def wait_in_queue():
+        waiting.set()
+        try:
+            ens.generate(PROBLEMS[1].messages, CONFIG)
+        except EnsembleBusyError as error:
+            errors.append(error)
+
+    queued = threading.Thread(target=wait_in_queue)
+    queued.start()
+    waiting.wait()
+    while ens.admission._waiting == 0 and queued.is_alive():
+        threading.Event().wait(0.001)
+    if queued.is_alive():  # the queue (max_queue=1) is full now
+        with pytest.raises(EnsembleBusyError, match="max_queue"):
+            ens.generate(PROBLEMS[2].messages, CONFIG)
+    queued.join()
+    holder.close()
+    assert ens.admission.running == 0
+
+
+@needs_trained
+@pytest.mark.parametrize("method", ["single", "safe"])
+def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(shipped_members, method):
+    """An agent loop resends the whole history each turn: the prefix computed for the previous
+    turn is reused, so only the new part of the prompt is computed (counted), and the text is
+    the same as without reuse."""
+    from core.member import _common_prefix
+
+    reuse = Ensemble(list(shipped_members), method)
+    fresh = Ensemble(list(shipped_members), method, prefix_reuse=False)
+    for member in reuse.members:
+        member.reset()
+    messages, previous = list(PROBLEMS[3].messages), None
+    for turn in range(5):
+        stream = reuse.stream(messages, CONFIG)
+        deltas = list(stream)
+        stats, text = deltas[-1].stats, "".join(d.text for d in deltas)
+        expected = fresh.stream(messages, CONFIG)
+        expected_deltas = list(expected)
+        assert text == "".join(d.text for d in expected_deltas)
+        for member in stream.members:
+            if member.name not in stats.prompt_tokens:
+                continue
+            prompt = member.prompt_ids
+            assert expected_deltas[-1].stats.prefilled[member.name] == len(prompt)
+            if previous is None:
+                continue
+            shared = _common_prefix(previous[member.name], prompt)
+            new = len(prompt) - shared
+            assert shared > len(prompt) // 2  # the history is most of the prompt...
+            assert stats.prefilled[member.name] <= new + 1  # ...and is not computed again
+        previous = {m.name: m.prompt_ids + m.ids for m in stream.members}
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"And then? (turn {turn + 2})"},
+        ]
