@@ -298,3 +298,10 @@ def test_a_choice_is_matched_by_value_and_kind():
     assert check_real("threshold", 0, low=0, high=1, high_open=True, example=0.1) == 0.0
     with pytest.raises(InvalidConfigError, match=r"threshold must be in \[0, 1\) .*got 1;"):
         check_real("threshold", 1, low=0, high=1, high_open=True, example=0.1)
+
+
+def test_a_tiny_temperature_samples_like_greedy(env):
+    ens = env.ensemble("single")
+    greedy = ens.generate("Tom has 3 apples.", max_new_tokens=8)
+    tiny = ens.generate("Tom has 3 apples.", max_new_tokens=8, temperature=1e-300, seed=1)
+    assert tiny.text == greedy.text
