@@ -192,6 +192,13 @@ def load_model(
             f"could not load weights for {source!r} ({error}); check the weight files, or pass "
             "use_safetensors=False for a checkpoint that only has .bin files."
         ) from error
+    except ValueError as error:
+        if attn_implementation and "attn_implementation" in str(error):
+            raise InvalidConfigError(
+                f"attn_implementation={attn_implementation!r} is not available for {source!r} "
+                f"({error}); use 'sdpa' or 'eager', or None for the model's default."
+            ) from error
+        raise
     return model.to(device).eval()
 
 

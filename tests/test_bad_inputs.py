@@ -172,6 +172,8 @@ FROM_PRETRAINED = [
         "not a floating-point dtype"),
     row("dtype-unknown", pretrained(first_model, dtype="float33"), InvalidConfigError,
         "use 'auto', 'float32', 'bfloat16' or 'float16'"),
+    row("attn_implementation-unknown", pretrained(first_model, attn_implementation="magic"),
+        InvalidConfigError, "use 'sdpa' or 'eager', or None for the model's default"),
     row("use_safetensors-string", pretrained(first_model, use_safetensors="yes"),
         InvalidConfigError, "pass use_safetensors=True or use_safetensors=False"),
     row("method-unknown", pretrained(first_model, method="magic"), InvalidConfigError,
