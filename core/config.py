@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import InvalidConfigError
 from .events import Event
+from .validate import check_int, check_real, check_seed, check_strings
 
 
 @dataclass(frozen=True)
@@ -19,25 +19,19 @@ class GenerationConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop or ()))
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise InvalidConfigError(
-                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}; "
-                "pass e.g. GenerationConfig(max_new_tokens=256)."
-            )
-        if self.temperature < 0:
-            raise InvalidConfigError(
-                f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}."
-            )
-        if not 0 < self.top_p <= 1:
-            raise InvalidConfigError(f"top_p must be in (0, 1], got {self.top_p!r}.")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise InvalidConfigError(
-                f"stop must be a list of non-empty strings, got {list(self.stop)!r}."
-            )
+        """Every field checked and normalised here, so a bad value fails where it is written
+        (also through `dataclasses.replace`, which per-call overrides use)."""
+        checked = {
+            "max_new_tokens": check_int("max_new_tokens", self.max_new_tokens, low=1, example=256),
+            "stop": check_strings("stop", self.stop, example=["\nUser:"]),
+            "temperature": check_real(
+                "temperature", self.temperature, low=0, example=0.7, note="0 = greedy"
+            ),
+            "top_p": check_real("top_p", self.top_p, low=0, high=1, low_open=True, example=0.9),
+            "seed": check_seed("seed", self.seed),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen: normalised once, here
 
     @property
     def greedy(self) -> bool:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import os
 import re
+from difflib import get_close_matches
 from pathlib import Path
 
 import torch
 
 from .errors import (
+    InvalidConfigError,
     MissingWeightsError,
     ModelNotFoundError,
     NotCausalLMError,
     TokenizerMismatchError,
 )
+from .validate import check_bool
 
 _TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
 
@@ -32,11 +35,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(
+        raise InvalidConfigError(
             f"device {device!r} is not a torch device; use 'auto', 'cpu', 'cuda' or 'cuda:N'."
         ) from error
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for CUDA but no GPU is visible; use 'cpu'.")
+        raise InvalidConfigError(
+            f"device {device!r} asked for CUDA but no GPU is visible; use 'cpu' or 'auto'."
+        )
     return resolved
 
 
@@ -45,12 +50,15 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype), None)
+    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype):
-        raise ValueError(
+        raise InvalidConfigError(
             f"dtype {dtype!r} is not a torch dtype; use 'auto', 'float32', 'bfloat16' or 'float16'."
+        )
+    if not resolved.is_floating_point:  # transformers refuses it, after reading the config
+        raise InvalidConfigError(
+            f"dtype {dtype!r} is not a floating-point dtype, and a model's weights are loaded in "
+            "one; use 'auto', 'float32', 'bfloat16' or 'float16'."
         )
     return resolved
 
@@ -64,7 +72,18 @@ def _looks_like_path(spec: str) -> bool:
 
 def check_model_source(spec: str | os.PathLike, use_safetensors: bool = True) -> str:
     """Fail early, with the fix in the message, for the mistakes users actually make."""
+    check_bool("use_safetensors", use_safetensors)
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InvalidConfigError(
+            f"a model must be given as a local directory or a hub id (a string or a path), got "
+            f"{spec!r} ({type(spec).__name__}); pass e.g. 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
     spec = os.fspath(spec)
+    if not spec.strip():
+        raise ModelNotFoundError(
+            "a model path is empty; pass a local directory (with config.json and weights) or a "
+            "hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -82,12 +101,42 @@ def check_model_source(spec: str | os.PathLike, use_safetensors: bool = True) ->
                 "copy the weights next to config.json or save the model with save_pretrained."
             )
         return str(path)
+    if path.exists():
+        raise ModelNotFoundError(_not_a_directory(spec, path))
     if _looks_like_path(spec):
         raise ModelNotFoundError(
-            f"model path {spec!r} does not exist; pass an existing local directory (with "
-            "config.json and weights) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+            f"model path {spec!r} does not exist{_near_miss(path)}; pass an existing local "
+            "directory (with config.json and weights) or a hub id like "
+            "'Qwen/Qwen2.5-0.5B-Instruct'."
         )
     return spec  # a hub id: from_pretrained resolves it (from the local cache when offline)
+
+
+def _not_a_directory(spec: str, path: Path) -> str:
+    """A model is a directory (config.json, weights, tokenizer files), never one file: name the
+    directory to pass when the file sits in one."""
+    found = f"model path {spec!r} is a file, not a model directory"
+    if (path.parent / "config.json").is_file():
+        return (
+            f"{found}; a model is the directory that holds config.json, the weights and the "
+            f"tokenizer files: pass {str(path.parent)!r}."
+        )
+    return (
+        f"{found}; a model is a directory with config.json, the weights (*.safetensors) and the "
+        "tokenizer files, as save_pretrained writes it (a single weights file, .gguf or .bin, "
+        "cannot be loaded on its own): pass that directory, or a hub id like "
+        "'Qwen/Qwen2.5-0.5B-Instruct'."
+    )
+
+
+def _near_miss(path: Path) -> str:
+    """' (did you mean ...?)' when a sibling directory is spelled almost like the path."""
+    try:
+        siblings = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    except OSError:
+        return ""
+    close = get_close_matches(path.name, siblings, n=1)
+    return f" (did you mean {str(path.parent / close[0])!r}?)" if close else ""
 
 
 # Encoder families that transformers can wrap in a causal head only when configured as decoders.
@@ -143,6 +192,13 @@ def load_model(
             f"could not load weights for {source!r} ({error}); check the weight files, or pass "
             "use_safetensors=False for a checkpoint that only has .bin files."
         ) from error
+    except ValueError as error:
+        if attn_implementation and "attn_implementation" in str(error):
+            raise InvalidConfigError(
+                f"attn_implementation={attn_implementation!r} is not available for {source!r} "
+                f"({error}); use 'sdpa' or 'eager', or None for the model's default."
+            ) from error
+        raise
     return model.to(device).eval()
 
 

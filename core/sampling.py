@@ -32,7 +32,10 @@ class Sampler:
             out = torch.zeros_like(logprobs)
             out[int(torch.argmax(logprobs))] = 1.0
             return out
-        probs = torch.softmax(logprobs / self.temperature, dim=-1)
+        # The likeliest shifted to 0 and the divisor kept a float32 number: a tiny temperature
+        # then sends the rest to -inf (greedy in effect), never every entry, nor 0/0, to NaN.
+        divisor = max(self.temperature, torch.finfo(torch.float32).tiny)
+        probs = torch.softmax((logprobs - logprobs.max()) / divisor, dim=-1)
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < self.top_p

@@ -68,7 +68,7 @@ def test_unknown_role(tiny_members):
 @pytest.mark.parametrize("bad", [0, -3])
 def test_max_new_tokens_must_be_positive(tiny_members, bad):
     ens = Ensemble(tiny_members[:1], "single")
-    with pytest.raises(InvalidConfigError, match="max_new_tokens must be a positive integer"):
+    with pytest.raises(InvalidConfigError, match=r"max_new_tokens must be >= 1 \(an integer\)"):
         ens.generate(HELLO, GenerationConfig(max_new_tokens=bad))
     with pytest.raises(InvalidConfigError, match="max_new_tokens"):
         ens.generate(HELLO, max_new_tokens=bad)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from core import Ensemble
+from core import Ensemble, ModelNotFoundError
 from core.loading import load_tokenizer
 
 PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22."
@@ -44,3 +45,15 @@ def test_duplicate_members_get_unique_names(tiny_dirs):
     path = tiny_dirs["tb-gpt2-bpe"]
     ens = Ensemble.from_pretrained([path, path], method="token", device="cpu")
     assert [m.name for m in ens.members] == ["tb-gpt2-bpe", "tb-gpt2-bpe#2"]
+
+
+def test_a_file_given_for_a_model_names_the_directory_to_pass(tiny_dirs, tmp_path):
+    path = tiny_dirs["tb-gpt2-bpe"]
+    with pytest.raises(ModelNotFoundError, match="is a file, not a model directory") as caught:
+        Ensemble.from_pretrained([f"{path}/model.safetensors"], method="single", device="cpu")
+    assert str(caught.value).endswith(f"pass {path!r}.")
+    typo = f"{tmp_path}/modle"
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ModelNotFoundError, match="does not exist") as caught:
+        Ensemble.from_pretrained([typo], method="single", device="cpu")
+    assert f"did you mean {str(tmp_path / 'model')!r}?" in str(caught.value)

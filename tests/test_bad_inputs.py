@@ -1,0 +1,309 @@
+"""Bad settings, tried as a user would through the public API: each fails at the call with an
+error of the expected type whose message names the problem and the fix.
+
+One table, one row per mistake. A row is `row(id, call, error, fix)`: `call` receives an `Env`
+(the shipped model directories, a scratch directory, and ensembles over the shipped members),
+`error` is the exact type raised and `fix` a substring the message must contain. Add a row for
+every new setting; the small builders below (`config`, `pretrained`, `generate`, ...) keep rows
+to one line each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from core import (
+    Ensemble,
+    GenerationConfig,
+    InvalidConfigError,
+    ModelNotFoundError,
+)
+from core.testbed import model_paths
+from core.validate import SEED_MAX, check_choice, check_real
+from langchain_ensemble import ChatEnsemble
+from llamaindex_ensemble import EnsembleLLM
+
+NAN, INF = float("nan"), float("inf")
+
+
+@dataclass(frozen=True)
+class Env:
+    paths: list[str]
+    tmp: Path
+    ensemble: Callable[..., Ensemble]  # make_ensemble(method, **options): shared members
+
+    @property
+    def config_file(self) -> str:
+        """A file inside a model directory (a common slip: passing config.json itself)."""
+        return f"{self.paths[0]}/config.json"
+
+    @property
+    def lone_file(self) -> str:
+        """A weights file that is in no model directory."""
+        path = self.tmp / "model.gguf"
+        path.write_bytes(b"GGUF")
+        return str(path)
+
+
+Call = Callable[[Env], Any]
+
+
+def row(id: str, call: Call, error: type[Exception], fix: str):
+    return pytest.param(call, error, fix, id=id)
+
+
+# --- builders: one per public entry point -----------------------------------------------------
+
+
+def config(**settings: Any) -> Call:
+    return lambda env: GenerationConfig(**settings)
+
+
+def pretrained(models: Callable[[Env], Any], **kwargs: Any) -> Call:
+    kwargs.setdefault("method", "single")
+    kwargs.setdefault("device", "cpu")
+    return lambda env: Ensemble.from_pretrained(models(env), **kwargs)
+
+
+def first_model(env: Env) -> list[str]:
+    return env.paths[:1]
+
+
+def generate(**overrides: Any) -> Call:
+    return lambda env: env.ensemble("single").generate("Hi", **overrides)
+
+
+def stream(**overrides: Any) -> Call:
+    """Only the call, never `next()`: bad settings must fail before the first delta."""
+    return lambda env: env.ensemble("single").stream("Hi", **overrides)
+
+
+def method(name: str, **options: Any) -> Call:
+    return lambda env: env.ensemble(name, **options)
+
+
+def chat(**fields: Any) -> Call:
+    return lambda env: ChatEnsemble(models=env.paths, **fields)
+
+
+def chat_call(**kwargs: Any) -> Call:
+    return lambda env: ChatEnsemble(models=env.paths).invoke("Hi", **kwargs)
+
+
+def llm(**fields: Any) -> Call:
+    fields.setdefault("device", "cpu")
+    return lambda env: EnsembleLLM(models=env.paths, **fields)
+
+
+def llm_call(**kwargs: Any) -> Call:
+    return lambda env: EnsembleLLM(ensemble=env.ensemble("single")).complete("Hi", **kwargs)
+
+
+# --- the table --------------------------------------------------------------------------------
+
+GENERATION_CONFIG = [
+    row("temperature-nan", config(temperature=NAN), InvalidConfigError,
+        "got nan, not a number; pass e.g. temperature=0.7"),
+    row("temperature-inf", config(temperature=INF), InvalidConfigError,
+        "got inf, not finite; pass e.g. temperature=0.7"),
+    row("temperature-string", config(temperature="0.7"), InvalidConfigError,
+        "pass a number, not a string, e.g. temperature=0.7"),
+    row("temperature-negative", config(temperature=-0.5), InvalidConfigError,
+        "temperature must be >= 0 (a finite number; 0 = greedy), got -0.5"),
+    row("temperature-bool", config(temperature=True), InvalidConfigError,
+        "got True, a bool; pass e.g. temperature=0.7"),
+    row("top_p-nan", config(top_p=NAN), InvalidConfigError,
+        "top_p must be in (0, 1] (a finite number), got nan"),
+    row("top_p-inf", config(top_p=INF), InvalidConfigError,
+        "got inf, not finite; pass e.g. top_p=0.9"),
+    row("top_p-minus-inf", config(top_p=-INF), InvalidConfigError, "got -inf, not finite"),
+    row("top_p-zero", config(top_p=0), InvalidConfigError, "got 0; pass e.g. top_p=0.9"),
+    row("top_p-above-one", config(top_p=1.5), InvalidConfigError, "got 1.5; pass e.g. top_p=0.9"),
+    row("top_p-string", config(top_p="0.9"), InvalidConfigError,
+        "pass a number, not a string, e.g. top_p=0.9"),
+    row("max_new_tokens-bool", config(max_new_tokens=True), InvalidConfigError,
+        "got True, a bool; pass e.g. max_new_tokens=256"),
+    row("max_new_tokens-zero", config(max_new_tokens=0), InvalidConfigError,
+        "max_new_tokens must be >= 1 (an integer), got 0"),
+    row("max_new_tokens-float", config(max_new_tokens=256.0), InvalidConfigError,
+        "got 256.0, a float; pass e.g. max_new_tokens=256"),
+    row("max_new_tokens-string", config(max_new_tokens="256"), InvalidConfigError,
+        "pass an integer, not a string, e.g. max_new_tokens=256"),
+    row("seed-past-64-bits", config(seed=2**70), InvalidConfigError,
+        "seed must be in 0..2**64-1 (an integer) or None"),
+    row("seed-string", config(seed="abc"), InvalidConfigError,
+        "pass an integer, not a string, e.g. seed=1234"),
+    row("seed-negative", config(seed=-1), InvalidConfigError, "got -1; pass e.g. seed=1234"),
+    row("seed-float", config(seed=1.5), InvalidConfigError, "got 1.5, a float"),
+    row("stop-int", config(stop=5), InvalidConfigError,
+        "stop must be a string or a list of strings, got 5, an int; pass e.g. stop="),
+    row("stop-empty-string", config(stop=["\n", ""]), InvalidConfigError,
+        "entry 1 is an empty string"),
+    row("stop-non-string-entry", config(stop=["ok", 3]), InvalidConfigError,
+        "stop must hold non-empty strings, but entry 1 is 3, an int"),
+    row("stop-bytes", config(stop=b"\n"), InvalidConfigError, "a bytes object; pass e.g. stop="),
+]  # fmt: skip
+
+FROM_PRETRAINED = [
+    row("path-is-config-file", pretrained(lambda env: [env.config_file]), ModelNotFoundError,
+        "is a file, not a model directory; a model is the directory that holds config.json"),
+    row("path-is-lone-weights-file", pretrained(lambda env: [env.lone_file]), ModelNotFoundError,
+        "a single weights file, .gguf or .bin, cannot be loaded on its own"),
+    row("path-missing", pretrained(lambda env: [str(env.tmp / "nope")]), ModelNotFoundError,
+        "does not exist; pass an existing local directory"),
+    row("path-misspelt", pretrained(lambda env: [env.paths[0][:-1] + "x"]), ModelNotFoundError,
+        "(did you mean '"),
+    row("path-empty", pretrained(lambda env: [""]), ModelNotFoundError,
+        "a model path is empty; pass a local directory"),
+    row("model-not-a-path", pretrained(lambda env: [42]), InvalidConfigError,
+        "a model must be given as a local directory or a hub id"),
+    row("models-empty", pretrained(lambda env: []), InvalidConfigError,
+        "models is empty; pass one or more"),
+    row("device-unknown", pretrained(first_model, device="gpu"), InvalidConfigError,
+        "use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    row("dtype-integer", pretrained(first_model, dtype="int8"), InvalidConfigError,
+        "not a floating-point dtype"),
+    row("dtype-unknown", pretrained(first_model, dtype="float33"), InvalidConfigError,
+        "use 'auto', 'float32', 'bfloat16' or 'float16'"),
+    row("attn_implementation-unknown", pretrained(first_model, attn_implementation="magic"),
+        InvalidConfigError, "use 'sdpa' or 'eager', or None for the model's default"),
+    row("use_safetensors-string", pretrained(first_model, use_safetensors="yes"),
+        InvalidConfigError, "pass use_safetensors=True or use_safetensors=False"),
+    row("method-unknown", pretrained(first_model, method="magic"), InvalidConfigError,
+        "unknown method 'magic'; use one of"),
+    row("method-option-unknown", pretrained(first_model, colour="red"), InvalidConfigError,
+        "its options are: member"),
+    row("method-needs-two", pretrained(first_model, method="safe"), InvalidConfigError,
+        "pass more models, or use method='single'"),
+]  # fmt: skip
+
+GENERATE = [
+    row("generate-temperature-nan", generate(temperature=NAN), InvalidConfigError,
+        "pass e.g. temperature=0.7"),
+    row("generate-seed-past-64-bits", generate(seed=2**70), InvalidConfigError,
+        "0..2**64-1"),
+    row("generate-max_new_tokens-bool", generate(max_new_tokens=True), InvalidConfigError,
+        "got True, a bool"),
+    row("generate-top_p-string", generate(top_p="1"), InvalidConfigError,
+        "pass a number, not a string"),
+    row("generate-unknown-setting", generate(max_tokens=5), InvalidConfigError,
+        "unknown generation setting(s) max_tokens; use"),
+    row("stream-top_p-nan", stream(top_p=NAN), InvalidConfigError, "pass e.g. top_p=0.9"),
+    row("stream-stop-empty", stream(stop=""), InvalidConfigError, "entry 0 is an empty string"),
+]  # fmt: skip
+
+METHOD_OPTIONS = [
+    row("safe-lookahead-zero", method("safe", lookahead=0), InvalidConfigError,
+        "must be a positive integer (the paper uses 5)"),
+    row("safe-top_k-string", method("safe", top_k="3"), InvalidConfigError,
+        "must be a positive integer (the paper uses 10)"),
+    row("safe-threshold-nan", method("safe", threshold=NAN), InvalidConfigError,
+        "must be in [0, 1)"),
+    row("safe-max_lookahead-below-lookahead", method("safe", max_lookahead=2), InvalidConfigError,
+        "an integer >= lookahead=5, e.g. 20"),
+    row("safe-drafter-out-of-range", method("safe", drafter=7), InvalidConfigError,
+        "use an index 0..2 or a name"),
+    row("safe-aggregator-unknown", method("safe", aggregator="mean"), InvalidConfigError,
+        "use one of 'unite', 'gac'"),
+    row("safe-sharpen-unknown", method("safe", sharpen="sharp"), InvalidConfigError,
+        "use one of 'heuristic', 'geometric', None"),
+    row("safe-heal-unknown", method("safe", heal="all"), InvalidConfigError,
+        "must be False (the paper), True, or 'oov'"),
+    row("specem-segment_tokens-bool", method("specem", segment_tokens=True), InvalidConfigError,
+        "e.g. segment_tokens=10"),
+    row("specem-lr-nan", method("specem", lr=NAN), InvalidConfigError, "e.g. lr=1.0"),
+    row("specem-score-unknown", method("specem", score="vote"), InvalidConfigError,
+        "use one of 'logprob', 'prob', 'logit'"),
+    row("specem-one-drafter", method("specem", drafters=[0]), InvalidConfigError,
+        "drafters needs at least 2 members"),
+    row("single-member-unknown", method("single", member="gpt"), InvalidConfigError,
+        "use an index 0..2 or a name ('tb-gpt2-bpe'"),
+    row("token-aggregation-unknown", method("token", aggregation="median"), InvalidConfigError,
+        "use one of 'arithmetic', 'geometric'"),
+]  # fmt: skip
+
+# ChatEnsemble checks its settings in a pydantic model validator, and pydantic re-raises a
+# ValueError raised there (InvalidConfigError is one) as its ValidationError.
+CHAT_ENSEMBLE = [
+    row("chat-temperature-nan", chat(temperature=NAN), ValidationError,
+        "pass e.g. temperature=0.7"),
+    row("chat-seed-past-64-bits", chat(seed=2**70), ValidationError, "0..2**64-1"),
+    row("chat-stop-empty", chat(stop=[""]), ValidationError, "entry 0 is an empty string"),
+    row("chat-call-top_p-nan", chat_call(top_p=NAN), InvalidConfigError,
+        "pass e.g. top_p=0.9"),
+    row("chat-call-seed-string", chat_call(seed="abc"), InvalidConfigError,
+        "pass an integer, not a string"),
+    row("chat-path-is-file",
+        lambda env: ChatEnsemble(models=[env.config_file], method="single").invoke("Hi"),
+        ModelNotFoundError, "is a file, not a model directory"),
+]  # fmt: skip
+
+ENSEMBLE_LLM = [
+    row("llm-temperature-nan", llm(temperature=NAN), InvalidConfigError,
+        "pass e.g. temperature=0.7"),
+    row("llm-seed-negative", llm(seed=-1), InvalidConfigError, "got -1; pass e.g. seed=1234"),
+    row("llm-top_p-inf", llm(top_p=INF), InvalidConfigError, "got inf, not finite"),
+    row("llm-path-is-file", lambda env: EnsembleLLM(models=[env.config_file], method="single"),
+        ModelNotFoundError, "is a file, not a model directory"),
+    row("llm-call-seed-string", llm_call(seed="abc"), InvalidConfigError,
+        "pass an integer, not a string, e.g. seed=1234"),
+    row("llm-call-max_tokens-bool", llm_call(max_tokens=True), InvalidConfigError,
+        "got True, a bool"),
+]  # fmt: skip
+
+ROWS = (
+    GENERATION_CONFIG + FROM_PRETRAINED + GENERATE + METHOD_OPTIONS + CHAT_ENSEMBLE + ENSEMBLE_LLM
+)
+
+
+@pytest.fixture
+def env(make_ensemble, tmp_path) -> Env:
+    return Env([str(p) for p in model_paths()], tmp_path, make_ensemble)
+
+
+@pytest.mark.parametrize(("call", "error", "fix"), ROWS)
+def test_bad_input_fails_at_the_call_naming_the_fix(env, call, error, fix):
+    with pytest.raises(error) as caught:
+        call(env)
+    assert type(caught.value) is error
+    assert fix in str(caught.value), str(caught.value)
+
+
+def test_good_values_of_other_numeric_types_are_kept_as_plain_python(env):
+    config = GenerationConfig(
+        max_new_tokens=np.int64(3), temperature=1, top_p=np.float32(0.5), seed=np.uint64(SEED_MAX)
+    )
+    assert (config.max_new_tokens, config.temperature, config.top_p) == (3, 1.0, 0.5)
+    assert type(config.max_new_tokens) is int and type(config.temperature) is float
+    assert config.seed == SEED_MAX and type(config.seed) is int
+    assert GenerationConfig(stop="\n").stop == ("\n",) and GenerationConfig(stop=None).stop == ()
+    # the largest seed accepted is one torch's generator takes: a sampled request runs with it
+    ens = env.ensemble("single")
+    first, again = (ens.generate("Tom has 3 apples.", config) for _ in range(2))
+    assert first.stats.tokens > 0 and first.text == again.text
+
+
+def test_a_choice_is_matched_by_value_and_kind():
+    assert check_choice("heal", "oov", (False, True, "oov")) == "oov"
+    assert check_choice("heal", False, (False, True, "oov")) is False
+    with pytest.raises(InvalidConfigError, match="heal=0 is not supported; use one of False"):
+        check_choice("heal", 0, (False, True, "oov"))
+    with pytest.raises(InvalidConfigError, match="k=True is not supported"):
+        check_choice("k", True, (1, 2))
+    assert check_real("threshold", 0, low=0, high=1, high_open=True, example=0.1) == 0.0
+    with pytest.raises(InvalidConfigError, match=r"threshold must be in \[0, 1\) .*got 1;"):
+        check_real("threshold", 1, low=0, high=1, high_open=True, example=0.1)
+
+
+def test_a_tiny_temperature_samples_like_greedy(env):
+    ens = env.ensemble("single")
+    greedy = ens.generate("Tom has 3 apples.", max_new_tokens=8)
+    tiny = ens.generate("Tom has 3 apples.", max_new_tokens=8, temperature=1e-300, seed=1)
+    assert tiny.text == greedy.text
