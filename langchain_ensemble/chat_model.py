@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ from core.events import Event
 from core.methods import check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
+from core.sources import model_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
@@ -109,12 +109,8 @@ class ChatEnsemble(BaseChatModel):
 
     @field_validator("models", mode="before")
     @classmethod
-    def _model_list(cls, value: Any) -> Any:
-        if isinstance(value, (str, os.PathLike, Remote)):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
-        return value
+    def _model_list(cls, value: Any) -> list[str | Remote]:
+        return model_sources(value)
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:

@@ -11,7 +11,6 @@ LlamaIndex's own `LLMChatInProgressEvent`s. The async methods run the engine on 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from core.loading import check_model_source
 from core.methods import check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
+from core.sources import model_sources
 from core.summary import request_summary
 
 from .events import to_instrumentation
@@ -89,13 +89,8 @@ class EnsembleLLM(CustomLLM):
     _engine: Ensemble | None = PrivateAttr(default=None)
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
-        models = data.get("models")
-        if isinstance(models, (str, os.PathLike, Remote)):
-            models = [models]
-        if models is not None:
-            data["models"] = [
-                os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in models
-            ]
+        if data.get("models") is not None:
+            data["models"] = model_sources(data["models"])
         if ensemble is not None:
             given = [k for k in _LOADING if k in data]
             if given:
