@@ -76,7 +76,10 @@ def test_jsonl_task_with_simple_checker(tiny_dirs, tmp_path):
     args = ["bench", "--methods", "single", "--task", str(task), "--n", "2"]
     args += ["--max-new-tokens", "4", "--out", str(out), "--model", tiny_dirs["tb-gpt2-bpe"]]
     assert main(args) == 0
-    assert _results(out)[0]["task"] == "task"
+    data = _results(out)[0]
+    assert data["task"] == "task"
+    records = data["per_problem"]["single tb-gpt2-bpe"]
+    assert len(records) == 2 and all(type(r["correct"]) is bool for r in records)  # scored
 
 
 def test_bad_bench_arguments_are_clear_errors(tmp_path, capsys):
