@@ -8,7 +8,7 @@ BENCH=${BENCH:-.venv/bin/llm-ensembling bench}
 OUT=${OUT:-bench/results}
 MODELS=core/testbed/models
 
-main() {  # every method on the three shipped models (issues 2, 3, 4, 7)
+main() {  # every method on the three shipped models
   $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" \
     --methods single,token --aggregator unite,gac \
     --config "token unite geometric=token:aggregator=unite,aggregation=geometric" \

@@ -12,7 +12,6 @@ PNG plots (accuracy against time per token; E/T per configuration).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .answers import answer_checker
 from .config import GenerationConfig
 from .ensemble import Ensemble
 from .errors import InvalidConfigError
@@ -62,6 +62,10 @@ class Task:
 
 
 def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
+    """The testbed's arithmetic problems, or a JSONL file of {"prompt", "answer"} lines whose
+    outputs are checked by their FINAL answer (`core.answers.answer_checker`: the number, the
+    multiple-choice letter or the text after the last "The answer is"/"Answer:", compared
+    exactly; never a match anywhere in the output)."""
     if task == "arithmetic":
         from .testbed import check_answer, make_problems
 
@@ -80,28 +84,22 @@ def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
     for line_no, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
-        if "prompt" not in row or "answer" not in row:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidConfigError(
+                f"{path}:{line_no} is not JSON ({error.msg}); write one "
+                '{"prompt": ..., "answer": ...} object per line.'
+            ) from error
+        if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
             raise InvalidConfigError(f"{path}:{line_no} needs 'prompt' and 'answer' fields.")
-        answer = str(row["answer"])
-        items.append(([{"role": "user", "content": row["prompt"]}], _checker(answer)))
+        answer = str(row["answer"]).strip()
+        if not answer:
+            raise InvalidConfigError(f"{path}:{line_no} has an empty 'answer'; give the answer.")
+        items.append(([{"role": "user", "content": row["prompt"]}], answer_checker(answer)))
         if len(items) == n:
             break
     return Task(path.stem, items)
-
-
-def _checker(answer: str) -> Callable[[str], bool]:
-    """Numbers: the last number in the output equals the answer; text: contained, any case."""
-    try:
-        target = float(answer.replace(",", ""))
-    except ValueError:
-        return lambda text: answer.strip().lower() in text.lower()
-
-    def check(text: str) -> bool:
-        numbers = re.findall(r"-?\d[\d,]*\.?\d*", text)
-        return bool(numbers) and float(numbers[-1].replace(",", "").rstrip(".")) == target
-
-    return check
 
 
 @dataclass

@@ -181,7 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregator", default="unite,gac", help="for token and safe")
     p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
-    p.add_argument("--task", default="arithmetic", help="'arithmetic' or a JSONL file")
+    p.add_argument(
+        "--task",
+        default="arithmetic",
+        help='\'arithmetic\' or a JSONL file of {"prompt": ..., "answer": ...} lines, scored by '
+        "the FINAL answer compared exactly: the number, the multiple-choice letter or the text "
+        "after the last 'The answer is'/'Answer:' (else the last number or the final line)",
+    )
     p.add_argument("--form", default="cot", choices=["cot", "rag"])
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)

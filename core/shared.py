@@ -11,15 +11,14 @@ used, which stay loaded.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import weakref
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .ensemble import Ensemble
 from .remote import Remote
+from .sources import Models, model_sources
 
 _loaded: weakref.WeakValueDictionary[str, Ensemble] = weakref.WeakValueDictionary()
 _loading = threading.Lock()  # one load at a time: two threads asking together load once
@@ -28,30 +27,23 @@ _loading = threading.Lock()  # one load at a time: two threads asking together l
 _recent: collections.deque[Ensemble] = collections.deque(maxlen=2)
 
 
-def _source_key(model: str | os.PathLike | Remote) -> str:
+def _source_key(model: str | Remote) -> str:
     if isinstance(model, Remote):
         return repr(model)
-    path = Path(os.fspath(model)).expanduser()
-    return str(path.resolve()) if path.exists() else os.fspath(model)
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
 
 
-def configuration_key(
-    models: str | os.PathLike | Remote | Sequence[str | os.PathLike | Remote],
-    method: str,
-    options: dict[str, Any],
-) -> str:
+def configuration_key(models: Models, method: str, options: dict[str, Any]) -> str:
     """Equal for configurations that load the same models the same way."""
-    if isinstance(models, (str, os.PathLike, Remote)):
-        models = [models]
-    sources = [_source_key(m) for m in models]
+    sources = [_source_key(m) for m in model_sources(models)]
     settings = sorted((k, repr(v)) for k, v in options.items())
     return repr((sources, method, settings))
 
 
-def shared_ensemble(
-    models: str | os.PathLike | Sequence[str | os.PathLike], method: str = "safe", **kwargs: Any
-) -> Ensemble:
+def shared_ensemble(models: Models, method: str = "safe", **kwargs: Any) -> Ensemble:
     """`Ensemble.from_pretrained(models, method, **kwargs)`, loaded once per configuration."""
+    models = model_sources(models)
     key = configuration_key(models, method, kwargs)
     with _loading:
         ensemble = _loaded.get(key)

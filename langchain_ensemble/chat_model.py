@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,17 +20,19 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from core.config import GenerationConfig
+from core.concurrency import iterate_in_thread
+from core.config import Delta, GenerationConfig
 from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.events import Event
 from core.methods import check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
+from core.sources import model_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
-from .outputs import Turn
+from .outputs import Turn, aggregate
 
 # Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
 _CALL_SETTINGS = {
@@ -109,12 +110,8 @@ class ChatEnsemble(BaseChatModel):
 
     @field_validator("models", mode="before")
     @classmethod
-    def _model_list(cls, value: Any) -> Any:
-        if isinstance(value, (str, os.PathLike, Remote)):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
-        return value
+    def _model_list(cls, value: Any) -> list[str | Remote]:
+        return model_sources(value)
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:
@@ -239,9 +236,10 @@ class ChatEnsemble(BaseChatModel):
         stops = stop if stop is not None else self.stop
         return GenerationConfig(**config, stop=tuple(stops or ()))
 
-    def _turn(self, engine: Ensemble) -> Turn:
-        traced = selected_events(self.ensemble_events) if self.event_trace else None
-        return Turn(self.model_name, engine.summary(), traced)
+    # One request path: `_stream` turns the engine's deltas into chunks and `_generate` adds
+    # those chunks up (`outputs.aggregate`), so invoke equals the aggregated stream by
+    # construction. The async pair takes the same per-delta steps with the engine on a worker
+    # thread (`core.concurrency.iterate_in_thread`).
 
     def _generate(
         self,
@@ -250,17 +248,8 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        config = self._config(stop, kwargs)
-        engine = self.ensemble
-        turn, forward = self._turn(engine), EventForwarder(self._wanted, run_manager)
-        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
-        try:
-            for delta in deltas:
-                forward(delta.events)
-                turn.add(delta)
-        finally:
-            deltas.close()  # releases the engine's lock even if a callback raised
-        return turn.result()
+        forward = EventForwarder(self._wanted, run_manager)
+        return aggregate(self._chunks(messages, stop, kwargs, forward), self.model_name)
 
     def _stream(
         self,
@@ -269,20 +258,9 @@ class ChatEnsemble(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        config = self._config(stop, kwargs)
-        engine = self.ensemble
-        turn, forward = self._turn(engine), EventForwarder(self._wanted, run_manager)
-        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
-        try:
-            for delta in deltas:
-                forward(delta.events)
-                chunk = turn.chunk(delta)
-                if chunk is not None:
-                    if run_manager is not None:  # only stream_events(v3) passes one
-                        run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                    yield chunk
-        finally:
-            deltas.close()  # a consumer that stops early frees the engine at once
+        # Only stream_events(v3) passes a run manager here; it then hears each chunk as a token.
+        forward = EventForwarder(self._wanted, run_manager)
+        return self._chunks(messages, stop, kwargs, forward, run_manager)
 
     async def _agenerate(
         self,
@@ -291,36 +269,69 @@ class ChatEnsemble(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        config = self._config(stop, kwargs)
-        engine = await self._aensemble()
-        turn, forward = self._turn(engine), AsyncEventForwarder(self._wanted, run_manager)
-        deltas = engine.astream(to_engine_messages(messages), config, on_event=self.on_event)
-        try:
-            async for delta in deltas:  # computed on a worker thread: the loop keeps running
-                await forward(delta.events)
-                turn.add(delta)
-        finally:
-            await deltas.aclose()
-        return turn.result()
+        forward = AsyncEventForwarder(self._wanted, run_manager)
+        chunks = [chunk async for chunk in self._achunks(messages, stop, kwargs, forward)]
+        return aggregate(chunks, self.model_name)
 
-    async def _astream(
+    def _astream(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        forward = AsyncEventForwarder(self._wanted, run_manager)
+        return self._achunks(messages, stop, kwargs, forward, run_manager)
+
+    def _request(
+        self, engine: Ensemble, messages: list[BaseMessage], config: GenerationConfig
+    ) -> tuple[Iterator[Delta], Turn]:
+        traced = selected_events(self.ensemble_events) if self.event_trace else None
+        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
+        return deltas, Turn(self.model_name, engine.summary(), traced)
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: Sequence[str] | None,
+        kwargs: dict[str, Any],
+        forward: EventForwarder,
+        announce: CallbackManagerForLLMRun | None = None,
+    ) -> Iterator[ChatGenerationChunk]:
+        """Per delta: its events out through `forward`, then its chunk (if it has one) to
+        `announce` and the consumer."""
+        config = self._config(stop, kwargs)  # bad arguments fail before anything loads
+        deltas, turn = self._request(self.ensemble, messages, config)
+        try:
+            for delta in deltas:
+                forward(delta.events)
+                chunk = turn.chunk(delta)
+                if chunk is not None:
+                    if announce is not None:
+                        announce.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
+        finally:
+            deltas.close()  # a consumer that stops early or a callback that raises frees the engine
+
+    async def _achunks(
+        self,
+        messages: list[BaseMessage],
+        stop: Sequence[str] | None,
+        kwargs: dict[str, Any],
+        forward: AsyncEventForwarder,
+        announce: AsyncCallbackManagerForLLMRun | None = None,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """`_chunks` with the engine on a worker thread: the event loop keeps running."""
         config = self._config(stop, kwargs)
-        engine = await self._aensemble()
-        turn, forward = self._turn(engine), AsyncEventForwarder(self._wanted, run_manager)
-        deltas = engine.astream(to_engine_messages(messages), config, on_event=self.on_event)
+        deltas, turn = self._request(await self._aensemble(), messages, config)
+        deltas = iterate_in_thread(deltas)
         try:
             async for delta in deltas:
                 await forward(delta.events)
                 chunk = turn.chunk(delta)
                 if chunk is not None:
-                    if run_manager is not None:
-                        await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    if announce is not None:
+                        await announce.on_llm_new_token(chunk.text, chunk=chunk)
                     yield chunk
         finally:
             await deltas.aclose()

@@ -3,9 +3,10 @@
 LangChain gives a chat model no single channel that always works (checked against
 langchain-core 1.8), so events go out through each one that does:
 
-- `_generate`/`_agenerate` get a run manager, but its own `on_custom_event` is a silent no-op:
-  a callback manager built from its handlers delivers them, tied to the chat model's run id
-  (`invoke(callbacks=[handler])` -> `handler.on_custom_event`).
+- `_generate`/`_agenerate` get a run manager (and hand it to the chunk loop they aggregate),
+  but its own `on_custom_event` is a silent no-op: a callback manager built from its handlers
+  delivers them, tied to the chat model's run id (`invoke(callbacks=[handler])` ->
+  `handler.on_custom_event`).
 - `_stream`/`_astream` get no run manager from `stream()`/`astream()`; `dispatch_custom_event`
   reaches the enclosing run when there is one (a chain, a graph node, a tool), which is what
   `chain.astream_events(version="v2")` shows as `on_custom_event`. Called on a bare model it
@@ -54,66 +55,65 @@ def selected_events(setting: bool | Sequence[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _handlers_of(run_manager, manager_class):
-    """A callback manager whose handlers are the LLM run's, with events attributed to that run."""
-    return manager_class(
-        handlers=run_manager.handlers,
-        inheritable_handlers=run_manager.inheritable_handlers,
-        parent_run_id=run_manager.run_id,
-        tags=run_manager.tags,
-        inheritable_tags=run_manager.inheritable_tags,
-        metadata=run_manager.metadata,
-        inheritable_metadata=run_manager.inheritable_metadata,
-    )
+class _Forwarder:
+    """What both forwarders share: which events go out, and through which channel."""
+
+    def __init__(self, wanted: frozenset[str], run_manager, manager_class) -> None:
+        self.wanted = wanted
+        self.run_id = run_manager.run_id if run_manager is not None else None
+        self.manager = None
+        if run_manager is not None:  # the LLM run's handlers, events attributed to that run
+            self.manager = manager_class(
+                handlers=run_manager.handlers,
+                inheritable_handlers=run_manager.inheritable_handlers,
+                parent_run_id=run_manager.run_id,
+                tags=run_manager.tags,
+                inheritable_tags=run_manager.inheritable_tags,
+                metadata=run_manager.metadata,
+                inheritable_metadata=run_manager.inheritable_metadata,
+            )
+        self.dispatch = run_manager is None and bool(wanted)
+
+    def custom_events(self, events: Iterable[Event]) -> list[tuple[str, dict]]:
+        """(name, data) of the selected events, or none when no channel is left."""
+        if self.manager is None and not self.dispatch:
+            return []
+        return [(custom_event_name(e), e.to_dict()) for e in events if e.name in self.wanted]
 
 
-class EventForwarder:
+class EventForwarder(_Forwarder):
     """Sends the selected events of one request through the run manager, or else the context."""
 
     def __init__(self, wanted: frozenset[str], run_manager: CallbackManagerForLLMRun | None):
-        self.wanted = wanted
-        self.run_id = run_manager.run_id if run_manager is not None else None
-        self.manager = (
-            _handlers_of(run_manager, CallbackManager) if run_manager is not None else None
-        )
-        self.dispatch = run_manager is None and bool(wanted)
+        super().__init__(wanted, run_manager, CallbackManager)
 
     def __call__(self, events: Iterable[Event]) -> None:
-        for event in events:
-            if event.name not in self.wanted:
-                continue
-            name, data = custom_event_name(event), event.to_dict()
+        for name, data in self.custom_events(events):
             if self.manager is not None:
                 self.manager.on_custom_event(name, data, run_id=self.run_id)
-            elif self.dispatch:
-                try:
-                    dispatch_custom_event(name, data)
-                except RuntimeError:  # no parent run (a bare model call): channel unavailable
-                    self.dispatch = False
+                continue
+            try:
+                dispatch_custom_event(name, data)
+            except RuntimeError:  # no parent run (a bare model call): channel unavailable
+                self.dispatch = False
+                return
 
 
-class AsyncEventForwarder:
-    """The same for the async paths (`_agenerate`, `_astream`)."""
+class AsyncEventForwarder(_Forwarder):
+    """The same for the async path (`_astream`, and `_agenerate` through it)."""
 
     def __init__(
         self, wanted: frozenset[str], run_manager: AsyncCallbackManagerForLLMRun | None
     ) -> None:
-        self.wanted = wanted
-        self.run_id = run_manager.run_id if run_manager is not None else None
-        self.manager = (
-            _handlers_of(run_manager, AsyncCallbackManager) if run_manager is not None else None
-        )
-        self.dispatch = run_manager is None and bool(wanted)
+        super().__init__(wanted, run_manager, AsyncCallbackManager)
 
     async def __call__(self, events: Iterable[Event]) -> None:
-        for event in events:
-            if event.name not in self.wanted:
-                continue
-            name, data = custom_event_name(event), event.to_dict()
+        for name, data in self.custom_events(events):
             if self.manager is not None:
                 await self.manager.on_custom_event(name, data, run_id=self.run_id)
-            elif self.dispatch:
-                try:
-                    await adispatch_custom_event(name, data)
-                except RuntimeError:
-                    self.dispatch = False
+                continue
+            try:
+                await adispatch_custom_event(name, data)
+            except RuntimeError:
+                self.dispatch = False
+                return

@@ -1,8 +1,8 @@
-"""Engine deltas -> LangChain chunks and results, identically for invoke and stream.
+"""Engine deltas -> LangChain chunks; invoke's result is those same chunks added together.
 
 LangChain adds streamed chunks together: strings concatenate, lists append, usage numbers sum.
 So `model_name`, `finish_reason`, the `ensemble` summary and the usage (input tokens included)
-go on the LAST chunk only, and the aggregated stream equals what `invoke` returns. Usage:
+go on the LAST chunk only, and `aggregate` (what `invoke` returns) is the aggregated stream. Usage:
 `input_tokens` is `Stats.input_tokens` (the prompt in the first active member's tokenization:
 the drafter's for SAFE, the chosen member's for `single`; every member's count is in
 `response_metadata["ensemble"]["prompt_tokens"]`); `output_tokens` is `Stats.tokens` (output
@@ -11,9 +11,12 @@ tokens in the committed tokenization, a final stop token included).
 
 from __future__ import annotations
 
-from langchain_core.messages import AIMessage, AIMessageChunk
+from collections.abc import Iterable
+
+from langchain_core.language_models.chat_models import generate_from_stream
+from langchain_core.messages import AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from core.config import Delta, Stats
 from core.events import Event
@@ -28,46 +31,24 @@ def usage_metadata(stats: Stats) -> UsageMetadata:
 
 
 class Turn:
-    """One request's output as it arrives: text pieces, events, and the final numbers."""
+    """One request's chunks as its deltas arrive; `aggregate` adds them up for invoke."""
 
     def __init__(self, model_name: str, method_summary: dict, traced: frozenset[str] | None):
         self.model_name = model_name
         self.method_summary = method_summary
         self.traced = traced  # event names put in the per-chunk trace; None = no trace
-        self.parts: list[str] = []
-        self.events: list[Event] = []
-        self.trace: list[dict] = []
-        self.last: Delta | None = None
-
-    def add(self, delta: Delta) -> dict | None:
-        """Record a delta; returns its generation_info (the trace) when tracing."""
-        self.parts.append(delta.text)
-        self.events.extend(delta.events)
-        if delta.finish_reason is not None:
-            self.last = delta
-        if self.traced is None:
-            return None
-        trace = [e.to_dict() for e in delta.events if e.name in self.traced]
-        self.trace.extend(trace)
-        final = delta.finish_reason is not None  # the last chunk always has the key
-        return {TRACE_KEY: trace} if trace or final else None
-
-    def final_metadata(self) -> dict:
-        stats = self.last.stats
-        return {
-            "model_name": self.model_name,
-            "finish_reason": self.last.finish_reason,
-            "ensemble": request_summary(self.method_summary, stats, self.events),
-        }
+        self.events: list[Event] = []  # the request's events so far, for the final summary
 
     def chunk(self, delta: Delta) -> ChatGenerationChunk | None:
         """The chunk to stream for a delta, or None when it carries nothing to show."""
-        info = self.add(delta)
-        if delta.finish_reason is not None:
+        self.events.extend(delta.events)
+        final = delta.finish_reason is not None
+        info = self._trace(delta, final)
+        if final:
             message = AIMessageChunk(
                 content=delta.text,
                 usage_metadata=usage_metadata(delta.stats),
-                response_metadata=self.final_metadata(),
+                response_metadata=self._final_metadata(delta),
                 chunk_position="last",
             )
             return ChatGenerationChunk(message=message, generation_info=info)
@@ -75,14 +56,24 @@ class Turn:
             return None
         return ChatGenerationChunk(message=AIMessageChunk(content=delta.text), generation_info=info)
 
-    def result(self) -> ChatResult:
-        message = AIMessage(
-            content="".join(self.parts),
-            usage_metadata=usage_metadata(self.last.stats),
-            response_metadata=self.final_metadata(),
-        )
-        info = {TRACE_KEY: self.trace} if self.traced is not None else None
-        return ChatResult(
-            generations=[ChatGeneration(message=message, generation_info=info)],
-            llm_output={"model_name": self.model_name},
-        )
+    def _trace(self, delta: Delta, final: bool) -> dict | None:
+        """The chunk's generation_info when tracing (the last chunk always has the key)."""
+        if self.traced is None:
+            return None
+        trace = [e.to_dict() for e in delta.events if e.name in self.traced]
+        return {TRACE_KEY: trace} if trace or final else None
+
+    def _final_metadata(self, last: Delta) -> dict:
+        return {
+            "model_name": self.model_name,
+            "finish_reason": last.finish_reason,
+            "ensemble": request_summary(self.method_summary, last.stats, self.events),
+        }
+
+
+def aggregate(chunks: Iterable[ChatGenerationChunk], model_name: str) -> ChatResult:
+    """invoke's result: the streamed chunks added together exactly as LangChain adds a stream
+    (text concatenated, the trace lists joined, usage and metadata from the last chunk)."""
+    result = generate_from_stream(iter(chunks))
+    result.llm_output = {"model_name": model_name}
+    return result

@@ -11,8 +11,8 @@ LlamaIndex's own `LLMChatInProgressEvent`s. The async methods run the engine on 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -38,11 +38,12 @@ from core.loading import check_model_source
 from core.methods import check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
+from core.sources import model_sources
 from core.summary import request_summary
 
 from .events import to_instrumentation
 from .messages import completion_messages, to_core_messages
-from .responses import chat_response, completion_response, raw_info
+from .responses import chat_response, collected, completion_response, raw_info
 
 dispatcher = get_dispatcher(__name__)
 
@@ -51,6 +52,14 @@ _ALIASES = {"max_tokens": "max_new_tokens"}  # what LlamaIndex users often pass 
 _LOADING = ("models", "method", "method_options", "device", "dtype", "names")
 
 MakeResponse = Callable[[str, str | None, dict[str, Any]], Any]
+
+
+@dataclass
+class _SoFar:
+    """A request's text and events up to the current delta."""
+
+    text: str = ""
+    events: list[Event] = field(default_factory=list)
 
 
 class EnsembleLLM(CustomLLM):
@@ -89,13 +98,8 @@ class EnsembleLLM(CustomLLM):
     _engine: Ensemble | None = PrivateAttr(default=None)
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
-        models = data.get("models")
-        if isinstance(models, (str, os.PathLike, Remote)):
-            models = [models]
-        if models is not None:
-            data["models"] = [
-                os.fspath(m) if isinstance(m, (str, os.PathLike)) else m for m in models
-            ]
+        if data.get("models") is not None:
+            data["models"] = model_sources(data["models"])
         if ensemble is not None:
             given = [k for k in _LOADING if k in data]
             if given:
@@ -163,7 +167,7 @@ class EnsembleLLM(CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         deltas, span = self._start(to_core_messages(messages), kwargs)
-        return self._collect(deltas, span, chat_response)
+        return collected(self._responses(deltas, span, chat_response))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -173,7 +177,7 @@ class EnsembleLLM(CustomLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         deltas, span = self._start(self._prompt(prompt, formatted), kwargs)
-        return self._collect(deltas, span, completion_response)
+        return collected(self._responses(deltas, span, completion_response))
 
     @llm_completion_callback()
     def stream_complete(
@@ -185,7 +189,7 @@ class EnsembleLLM(CustomLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         deltas, span = await self._astart(to_core_messages(messages), kwargs)
-        return await self._acollect(deltas, span, chat_response)
+        return collected([r async for r in self._aresponses(deltas, span, chat_response)])
 
     @llm_chat_callback()
     async def astream_chat(
@@ -199,7 +203,7 @@ class EnsembleLLM(CustomLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
         deltas, span = await self._astart(self._prompt(prompt, formatted), kwargs)
-        return await self._acollect(deltas, span, completion_response)
+        return collected([r async for r in self._aresponses(deltas, span, completion_response)])
 
     @llm_completion_callback()
     async def astream_complete(
@@ -255,46 +259,36 @@ class EnsembleLLM(CustomLLM):
         deltas, span = self._start(messages, kwargs)
         return iterate_in_thread(deltas), span
 
-    def _dispatch(self, delta: Delta, span: Any) -> None:
+    # One request path: `_responses` turns deltas into streamed responses (`_respond` is the
+    # per-delta step, shared by sync and async), and the non-streaming calls return those same
+    # responses added up (`responses.collected`).
+
+    def _respond(self, delta: Delta, span: Any, make: MakeResponse, so_far: _SoFar) -> Any:
+        """Dispatch a delta's events (in the consumer's context, within the LLM call's span)
+        and build its streamed response."""
         for event in delta.events:
             dispatcher.event(to_instrumentation(event, span, self._label()))
-
-    def _raw(self, last: Delta, shown: Sequence[Event], request: Sequence[Event]) -> dict:
+        so_far.text += delta.text
+        so_far.events.extend(delta.events)
         ensemble = None
-        if last.stats is not None:
-            ensemble = request_summary(self.engine.summary(), last.stats, request)
-        return raw_info(shown, last, ensemble)
+        if delta.stats is not None:  # the last delta: the request's summary
+            ensemble = request_summary(self.engine.summary(), delta.stats, so_far.events)
+        return make(so_far.text, delta.text, raw_info(delta.events, delta, ensemble))
 
     def _responses(self, deltas: Iterator[Delta], span: Any, make: MakeResponse) -> Iterator:
-        text, events = "", []
-        for delta in deltas:
-            self._dispatch(delta, span)
-            text += delta.text
-            events.extend(delta.events)
-            yield make(text, delta.text, self._raw(delta, delta.events, events))
-
-    def _collect(self, deltas: Iterator[Delta], span: Any, make: MakeResponse) -> Any:
-        text, events = "", []
-        for delta in deltas:
-            self._dispatch(delta, span)
-            text += delta.text
-            events.extend(delta.events)
-        return make(text, None, self._raw(delta, events, events))
+        so_far = _SoFar()
+        try:
+            for delta in deltas:
+                yield self._respond(delta, span, make, so_far)
+        finally:
+            deltas.close()  # a consumer that stops early frees the engine at once
 
     async def _aresponses(
         self, deltas: AsyncIterator[Delta], span: Any, make: MakeResponse
     ) -> AsyncIterator:
-        text, events = "", []
-        async for delta in deltas:
-            self._dispatch(delta, span)
-            text += delta.text
-            events.extend(delta.events)
-            yield make(text, delta.text, self._raw(delta, delta.events, events))
-
-    async def _acollect(self, deltas: AsyncIterator[Delta], span: Any, make: MakeResponse) -> Any:
-        text, events = "", []
-        async for delta in deltas:
-            self._dispatch(delta, span)
-            text += delta.text
-            events.extend(delta.events)
-        return make(text, None, self._raw(delta, events, events))
+        so_far = _SoFar()
+        try:
+            async for delta in deltas:
+                yield self._respond(delta, span, make, so_far)
+        finally:
+            await deltas.aclose()

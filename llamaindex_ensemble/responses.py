@@ -1,4 +1,5 @@
-"""Core deltas -> LlamaIndex responses, and what goes into `raw`.
+"""Core deltas -> LlamaIndex responses, and what goes into `raw`; a non-streaming call's
+response is the streamed ones added up (`collected`).
 
 `raw["usage"]` is where `TokenCountingHandler` looks first (keys `prompt_tokens` and
 `completion_tokens`); it rides on the last chunk of a stream (the one LlamaIndex reports at the
@@ -10,7 +11,7 @@ LangChain puts in `response_metadata["ensemble"]` (`core.summary.request_summary
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -44,3 +45,13 @@ def chat_response(text: str, delta: str | None, raw: dict[str, Any]) -> ChatResp
 
 def completion_response(text: str, delta: str | None, raw: dict[str, Any]) -> CompletionResponse:
     return CompletionResponse(text=text, delta=delta, raw=raw)
+
+
+def collected(responses: Iterable[Any]) -> Any:
+    """A non-streaming call's response: the stream added up. The last response already holds
+    the whole text and the request's usage; it gets no `delta` and every chunk's events."""
+    events, last = [], None
+    for response in responses:
+        events.extend(response.raw["events"])
+        last = response
+    return last.model_copy(update={"delta": None, "raw": {**last.raw, "events": events}})

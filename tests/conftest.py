@@ -3,7 +3,9 @@ about a second to build) and the shipped trained models (behaviour tests)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 
 import pytest
 import torch
@@ -69,3 +71,29 @@ def recorder():
     root.add_event_handler(handler)
     yield handler
     root.event_handlers.remove(handler)
+
+
+class LoopProbe:
+    """An `on_event` listener proving that the event loop runs WHILE the engine computes.
+
+    Events are emitted from inside the engine's computation. At each one the probe asks the
+    loop to run a callback and waits for it before letting the engine go on: a loop that the
+    engine blocks (computing on the loop's own thread) cannot run it until the engine returns,
+    so the wait fails. Ordering, not timing: `timeout` only keeps a broken build from hanging.
+    Build it inside the running loop."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.timeout = timeout
+        self.ran: list[bool] = []  # per event: the loop ran our callback mid-computation
+
+    def __call__(self, event) -> None:
+        if self.ran and not self.ran[-1]:
+            return  # already disproven: do not wait again
+        ran = threading.Event()
+        self.loop.call_soon_threadsafe(ran.set)
+        self.ran.append(ran.wait(self.timeout))
+
+    @property
+    def proven(self) -> bool:
+        return bool(self.ran) and all(self.ran)

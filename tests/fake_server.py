@@ -5,8 +5,9 @@ It answers the slice of vLLM's API that `core.remote` uses (`/v1/models`, `/toke
 `prompt_logprobs`, `logprob_token_ids`, `return_token_ids`, `return_tokens_as_token_ids`,
 greedy and seeded sampling, `stop_token_ids`), computed by an in-process Hugging Face model
 WITHOUT a KV cache (so its numbers differ from an in-process member's in the last bits, as a
-real server's do). Faults can be injected: dropped connections, 503s, slow answers, a stop
-and a restart on the same port.
+real server's do). Faults can be injected: dropped connections, 503s, slow answers, answers held
+back until the test lets them go (`gate`), a stop and a restart on the same port. `spans` records
+when each completion request arrived and was answered, for tests that need the order of events.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class FakeServer:
         self.counts: Counter[str] = Counter()
         self.bodies: list[dict] = []
         self.faults: list[str] = []  # consumed one per completion request: "drop" | "503"
+        self.gate = threading.Event()  # cleared: completion requests wait here (a stuck server)
+        self.gate.set()
+        self.held = threading.Event()  # set when a request starts waiting at the closed gate
+        self.spans: list[tuple[float, float]] = []  # (arrived, answered) per completion request
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
         self.connections: set = set()  # open sockets: a stop cuts them, as a dying server does
@@ -228,9 +233,15 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault == "503":
                     self._send(503, {"error": {"message": "starting"}})
                     return
+                arrived = time.perf_counter()
+                if not fake.gate.is_set():
+                    fake.held.set()
+                    fake.gate.wait()
                 time.sleep(fake.delay)
                 fake.bodies.append(body)
-                self._send(200, _finite(fake.complete(body)))
+                answer = _finite(fake.complete(body))
+                fake.spans.append((arrived, time.perf_counter()))
+                self._send(200, answer)
             else:
                 self._send(404, {"error": {"message": "Not Found"}})
         except _BadRequest as error:

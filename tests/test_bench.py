@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from core.answers import answer_checker
 from core.cli import main
 
 
@@ -75,7 +76,10 @@ def test_jsonl_task_with_simple_checker(tiny_dirs, tmp_path):
     args = ["bench", "--methods", "single", "--task", str(task), "--n", "2"]
     args += ["--max-new-tokens", "4", "--out", str(out), "--model", tiny_dirs["tb-gpt2-bpe"]]
     assert main(args) == 0
-    assert _results(out)[0]["task"] == "task"
+    data = _results(out)[0]
+    assert data["task"] == "task"
+    records = data["per_problem"]["single tb-gpt2-bpe"]
+    assert len(records) == 2 and all(type(r["correct"]) is bool for r in records)  # scored
 
 
 def test_bad_bench_arguments_are_clear_errors(tmp_path, capsys):
@@ -84,3 +88,53 @@ def test_bad_bench_arguments_are_clear_errors(tmp_path, capsys):
     assert "neither 'arithmetic' nor a JSONL file" in capsys.readouterr().err
     assert main(["bench", "--methods", "nope", "--shape", "tiny", "--n", "1"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("answer", "output", "right"),
+    [
+        # numbers, as numbers: after the last marker, else the last number
+        ("12", "7 + 5 = 12. The answer is 12.", True),
+        ("12", "The answer is 12 apples, not 13.", True),
+        ("12", "He had 12 apples, then 13.", False),
+        ("1234", "Answer: 1,234", True),
+        ("-3.5", "so x = -3.50", True),
+        ("12", "The answer is 120.", False),
+        ("12", "no number here", False),
+        # a multiple-choice letter, as a whole token at the answer position
+        ("B", "The answer is B.", True),
+        ("B", "Answer: (B)", True),
+        ("(B)", "Paris is in France.\nThe answer is **B**: Paris", True),
+        ("B", "Paris is the capital.\nB", True),
+        ("b", "**Answer:** B", True),
+        ("B", "Because Bob bought a Banana, B looks likely; but the answer is C.", False),
+        ("B", "The answer is Blue.", False),
+        ("A", "The answer is a cat.", False),
+        ("B", "Options A, B and C all look plausible.", False),
+        ("B", "I think B.\nBut on reflection I am not sure.", False),
+        ("B", "", False),
+        # free text, by normalised equality of the extracted answer
+        ("Paris", "The capital of France is Paris.\nThe answer is Paris.", True),
+        ("Paris", 'The answer is "paris"', True),
+        ("St. Louis", "The answer is St. Louis.", True),
+        ("Paris", "The answer is Paris. It lies on the Seine.", True),
+        ("Paris", "Paris", True),
+        ("Paris", "Paris? No: the answer is Lyon.", False),
+        ("Paris", "It is probably Paris or Lyon", False),
+        ("Paris", "The answer is Parisian food.", False),
+    ],
+)
+def test_the_checker_compares_the_final_answer_exactly(answer, output, right):
+    assert answer_checker(answer)(output) is right
+
+
+def test_bad_task_files_are_clear_errors(tmp_path, capsys):
+    args = ["bench", "--methods", "single", "--shape", "tiny", "--n", "1", "--task"]
+    for content, message in [
+        ('{"prompt": "Hi", "answer": "B"\n', "task.jsonl:1 is not JSON"),
+        ('{"prompt": "Hi"}\n', "task.jsonl:1 needs 'prompt' and 'answer'"),
+        ('{"prompt": "Hi", "answer": " "}\n', "task.jsonl:1 has an empty 'answer'"),
+    ]:
+        (tmp_path / "task.jsonl").write_text(content)
+        assert main([*args, str(tmp_path / "task.jsonl"), "--out", str(tmp_path / "out")]) == 2
+        assert message in capsys.readouterr().err

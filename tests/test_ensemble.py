@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import pytest
+from conftest import LoopProbe
 
 from core import Ensemble, GenerationConfig
 from core.events import TokenEnsembled
@@ -41,6 +42,8 @@ def test_geometric_aggregation_differs_from_arithmetic_somewhere(tiny_members):
     g = geometric.generate(PROMPT, max_new_tokens=16)
     assert a.stats.tokens and g.stats.tokens
     assert geometric.summary()["aggregation"] == "geometric"
+    # the first position combines the same three distributions, only the mean differs
+    assert a.events[0].top and a.events[0].top != g.events[0].top
 
 
 def test_stream_concatenates_to_generate_and_carries_events(tiny_members):
@@ -99,20 +102,9 @@ def test_one_instance_shared_between_threads(tiny_members):
 
 async def test_async_stream_does_not_block_the_loop(tiny_members):
     ens = Ensemble(tiny_members, "token", aggregator="gac")
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    parts = [d.text async for d in ens.astream(PROMPT, max_new_tokens=24)]
-    done.set()
-    await task
-    assert ticks > 3
+    probe = LoopProbe()
+    parts = [d.text async for d in ens.astream(PROMPT, max_new_tokens=24, on_event=probe)]
+    assert probe.proven, probe.ran  # the loop ran while the models were mid-computation
     assert "".join(parts) == (await ens.agenerate(PROMPT, max_new_tokens=24)).text
 
 

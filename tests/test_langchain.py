@@ -8,12 +8,12 @@ module that is added later (safe, specem) is picked up without editing this file
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import LoopProbe
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
@@ -366,24 +366,14 @@ async def test_abatch_equals_sequential_calls(chat):
 
 
 async def test_async_calls_do_not_block_the_event_loop(chat):
-    model = chat("token", max_tokens=16)
-    await model.ainvoke("warm up")
-    ticks = 0
-    done = asyncio.Event()
-
-    async def ticker():
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.001)
-
-    task = asyncio.create_task(ticker())
-    await model.ainvoke("Tom has 7 apples.")
-    async for _ in model.astream("Tom has 7 apples."):
-        pass
-    done.set()
-    await task
-    assert ticks >= 5, f"the event loop ran only {ticks} times during two requests"
+    probe = LoopProbe()
+    model = chat("token", max_tokens=16, on_event=probe)
+    invoked = await model.ainvoke("Tom has 7 apples.")
+    assert probe.proven, probe.ran  # the loop ran while the models were mid-computation
+    probe.ran.clear()
+    streamed = [chunk async for chunk in model.astream("Tom has 7 apples.")]
+    assert probe.proven, probe.ran
+    assert _joined(streamed).content == invoked.content
 
 
 def test_a_stream_abandoned_early_releases_the_engine(chat):

@@ -38,7 +38,12 @@ def test_members_report_their_shape(tiny_dirs):
     assert [m.name for m in ens.members] == list(tiny_dirs)
     assert [m.dtype for m in ens.members] == [torch.float32, torch.bfloat16, torch.float32]
     assert all(m.context_window >= 2048 for m in ens.members)
-    assert ens.members[0].model is not None and ens.members[0].tokenizer is not None
+    # the HF objects, for inspection: each member's own architecture and its own tokenizer
+    assert [m.model.config.model_type for m in ens.members] == ["gpt2", "qwen2", "llama"]
+    assert [m.model.dtype for m in ens.members] == [m.dtype for m in ens.members]
+    for member, path in zip(ens.members, tiny_dirs.values(), strict=True):
+        raw = Tokenizer.from_file(f"{path}/tokenizer.json").encode(PROBE, add_special_tokens=False)
+        assert member.tokenizer(PROBE, add_special_tokens=False)["input_ids"] == raw.ids
 
 
 def test_duplicate_members_get_unique_names(tiny_dirs):

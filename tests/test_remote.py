@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import pytest
 import torch
@@ -29,7 +28,8 @@ from core.sampling import Sampler
 from core.testbed import make_problems, model_paths
 
 pytestmark = needs_trained
-PROMPT = [{"role": "user", "content": "Tom has 7 apples. He buys 5 more. How many?"}]
+QUESTION = "Tom has 7 apples. He buys 5 more. How many?"
+PROMPT = [{"role": "user", "content": QUESTION}]
 
 
 @pytest.fixture(scope="module")
@@ -210,12 +210,20 @@ def test_slow_server_times_out_with_a_clear_error():
     path = model_paths()[0]
     with FakeServer(path, name="bpe") as fake:
         member = connect(Remote(fake.url, tokenizer=str(path), timeout=0.5))
-        fake.delay = 2.0
         ens = Ensemble([member], "single")
-        start = time.perf_counter()
-        with pytest.raises(ServerError, match=r"'bpe'.*no answer from http://127\.0\.0\.1.*0\.5 s"):
-            ens.generate(PROMPT, GenerationConfig(max_new_tokens=4))
-        assert time.perf_counter() - start < 2.0
+        fake.gate.clear()  # the server takes the request and never answers while closed
+        opener = threading.Timer(60, fake.gate.set)  # a client that never gives up fails, late
+        opener.start()
+        before = fake.counts["/v1/completions"]
+        timed_out = r"'bpe'.*no answer from http://127\.0\.0\.1.*0\.5 s"
+        try:
+            with pytest.raises(ServerError, match=timed_out):
+                ens.generate(PROMPT, GenerationConfig(max_new_tokens=4))
+            assert fake.held.is_set() and not fake.gate.is_set()  # raised while still held back
+            assert fake.counts["/v1/completions"] == before + 1  # a timeout is not retried
+        finally:
+            opener.cancel()
+            fake.gate.set()
 
 
 def test_server_down_mid_request_then_back(shipped_members):
@@ -225,14 +233,19 @@ def test_server_down_mid_request_then_back(shipped_members):
         ens = Ensemble.from_pretrained([model_paths()[0], spec], "token", device="cpu")
         config = GenerationConfig(max_new_tokens=24)
         want = ens.generate(PROMPT, config).text
-        fake.delay = 0.5  # a request is in flight when the server goes
+        fake.held.clear()
+        fake.gate.clear()
 
-        threading.Timer(0.2, fake.stop).start()
-        start = time.perf_counter()
+        def stop_while_a_request_is_held() -> None:
+            if fake.held.wait(60):
+                fake.stop()  # cuts the open connection, as a dying server does
+
+        threading.Thread(target=stop_while_a_request_is_held, daemon=True).start()
+        # "down or unreachable" is the retries' verdict, not the 5 s timeout's ("no answer")
         with pytest.raises(ServerError, match=rf"'spm'.*{fake.url}.*down or unreachable"):
             ens.generate(PROMPT, config)
-        assert time.perf_counter() - start < 5  # within the timeout: retries are quick
-        fake.delay = 0.0
+        assert fake.held.is_set()  # the request was in flight when the server went
+        fake.gate.set()
         fake.start()  # back, on the same port
         assert ens.generate(PROMPT, config).text == want
 
@@ -247,9 +260,9 @@ def test_remote_members_overlap_and_local_ones_do_not(shipped_members):
         members = [connect(Remote(f.url, tokenizer=f.root)) for f in fakes]
         for m in members:
             m.start(PROMPT)
-        start = time.perf_counter()
         each(members, lambda m: m.logprobs([0]))
-        assert time.perf_counter() - start < 0.55  # two 0.3 s answers, side by side
+        (a_in, a_out), (b_in, b_out) = (f.spans[-1] for f in fakes)
+        assert a_in < b_out and b_in < a_out  # each arrived before the other was answered
     finally:
         for f in fakes:
             f.stop()
@@ -259,41 +272,47 @@ def test_remote_members_overlap_and_local_ones_do_not(shipped_members):
 
 
 def test_errors_surface_after_every_lane_finished(remotes):
-    done = []
+    log, raised = [], threading.Event()
 
     def work(member):
         if member is remotes[0]:
             raise RuntimeError("boom")
-        time.sleep(0.2)
-        done.append(member.name)
+        raised.wait(0.5)  # an `each` that raised at once would wake this lane before it logs
+        log.append("other lane finished")
 
     with pytest.raises(RuntimeError, match="boom"):
         each(remotes, work)
-    assert done == [remotes[1].name]
+    log.append("each raised")
+    raised.set()
+    assert log == ["other lane finished", "each raised"]
 
 
 # --- adapters -------------------------------------------------------------------------------------
 
 
-def test_langchain_accepts_remote_specs(servers):
+def test_langchain_accepts_remote_specs(servers, shipped_members):
     from langchain_ensemble import ChatEnsemble
 
     spec = _specs(servers[:1])[0]
     chat = ChatEnsemble(models=[spec, str(model_paths()[1])], method="token", max_tokens=8)
     assert chat.model_name == "ensemble-token:tb-gpt2-bpe+tb-qwen2-spm"
-    assert chat.invoke("Tom has 7 apples. He buys 5 more. How many?").content
+    local = ChatEnsemble.from_ensemble(Ensemble(shipped_members[:2], "token"), max_tokens=8)
+    got = chat.invoke(QUESTION).content
+    assert got and got == local.invoke(QUESTION).content  # greedy: the in-process answer
     as_dict = {"base_url": spec.base_url, "tokenizer": spec.tokenizer}
     as_dict = ChatEnsemble(models=[as_dict, str(model_paths()[1])], method="token")
     assert as_dict.models[0] == Remote(spec.base_url, tokenizer=spec.tokenizer)
 
 
-def test_llamaindex_accepts_remote_specs(servers):
+def test_llamaindex_accepts_remote_specs(servers, shipped_members):
     from llamaindex_ensemble import EnsembleLLM
 
     spec = _specs(servers[1:])[0]
     llm = EnsembleLLM(models=[str(model_paths()[0]), spec], method="safe", max_new_tokens=8)
     assert llm.metadata.model_name == "ensemble-safe:tb-gpt2-bpe+tb-qwen2-spm"
-    assert llm.complete("Tom has 7 apples. He buys 5 more. How many?").text is not None
+    local = EnsembleLLM(ensemble=Ensemble(shipped_members[:2], "safe"), max_new_tokens=8)
+    got = llm.complete(QUESTION).text
+    assert got and got == local.complete(QUESTION).text  # greedy: the in-process answer
 
 
 # --- bench --------------------------------------------------------------------------------------
@@ -342,6 +361,4 @@ def test_wait_until_healthy(servers):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    start = time.perf_counter()
-    assert not wait_until_healthy(f"http://127.0.0.1:{port}/v1", timeout=1.5)
-    assert time.perf_counter() - start < 5
+    assert not wait_until_healthy(f"http://127.0.0.1:{port}/v1", timeout=1.5)  # gives up

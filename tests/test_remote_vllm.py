@@ -6,7 +6,7 @@ served with full-vocabulary log-probs (`--max-logprobs -1`). Without it these te
 
 Checked: every method gives the same greedy text with the members on servers as in-process, on
 20 testbed problems; local and remote members mix; a server stopped mid-request gives a clear
-error within the timeout, and the ensemble works again once the server is back.
+error (the server gone, not a timeout), and the ensemble works again once the server is back.
 
 The tests run in file order: the second server is stopped early and restarted in the
 background (a CPU vLLM server needs ~40 s to start) while the tests that need only the first
@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -97,17 +96,15 @@ def test_server_stopped_mid_request_gives_a_clear_error(servers, remote_members)
     _state["want"] = ens.generate(problem.messages, CONFIG).text
     with open(server["pid_file"]) as f:
         pid = int(f.read())
-    stopped: list[float] = []
 
     def stop() -> None:
-        stopped.append(time.perf_counter())
         os.killpg(pid, signal.SIGTERM)  # the server's process group: API server and engine
 
     threading.Timer(0.5, stop).start()  # while requests are in flight
-    with pytest.raises(ServerError, match=rf"'{server['name']}'.*{server['base_url']}"):
+    with pytest.raises(ServerError, match=rf"'{server['name']}'.*{server['base_url']}") as error:
         for _ in range(1000):
             ens.generate(problem.messages, CONFIG)
-    assert time.perf_counter() - stopped[0] < 30  # within the 30 s timeout
+    assert "no answer" not in str(error.value)  # the server's going, not the 30 s timeout
     _state["ensemble"], _state["problem"] = ens, problem
     env = {**os.environ, **server["env"]}
     with open(server["log"], "a") as log:  # back again, in the background
