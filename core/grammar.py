@@ -9,6 +9,8 @@ runs with llguidance's `no_forcing`, so it never insists on a canonical split of
 
 How the engine calls it (a request with tools or a response_format)::
 
+    prepare(member.vocab, member.stop_ids)   # optional, at load: the ~1 s tokenizer build
+
     constraint = build_constraint(tools, tool_choice, parallel_tool_calls, response_format)
     # None: nothing to constrain. Compiled grammars are cached per (constraint.key, vocab).
     matcher = Matcher(constraint, member.vocab, member.stop_ids)  # one per member and request
@@ -30,7 +32,8 @@ The language (tools and tool_choice as `core.tools` normalises them):
   tool only; "auto": free text that never contains `<tool_call>`, then optionally calls, and
   nothing after the calls; "auto" with a response_format (LangChain's `create_agent` sends both):
   either the JSON answer or calls;
-- a response_format alone (or with tool_choice "none"): exactly one JSON value of the schema.
+- a response_format alone (or with tool_choice "none"): exactly one JSON value of the schema
+  (with "required" or a tool name, the answer is calls and the response_format is not used).
 
 JSON is written as `json.dumps(value, ensure_ascii=False)` writes it (", " and ": ", no other
 whitespace), so a small model cannot loop on whitespace and forced text is predictable. Object
@@ -279,7 +282,8 @@ class _VocabTokenizer:
         self.special_token_ids = control
         self.eos_token_id = min(stop_ids)  # `Matcher` checks there is one
         self.bos_token_id = None
-        self._vocab = vocab
+        # weak: llguidance keeps this object, and the per-Vocab cache must not keep its key alive
+        self._vocab = weakref.ref(vocab)
         self._byte_ids: dict[int, int] = {}
         for i, data in enumerate(vocab.token_bytes):
             if len(data) == 1 and i not in stop_ids:
@@ -290,20 +294,23 @@ class _VocabTokenizer:
         `no_forcing`): canonical ids for the whole characters, without the dummy-prefix space a
         SentencePiece tokenizer adds in front, then one id per remaining byte (a byte no single
         token spells, in a vocabulary without byte tokens, is left out)."""
+        vocab = self._vocab()
+        if vocab is None:  # the member is gone; nothing will ask for masks any more
+            return []
         head = data[: len(data) - len(_incomplete_tail(data))]
         try:
             text = head.decode("utf-8")
         except UnicodeDecodeError:
             text, head = "", b""
-        ids = self._vocab.encode(text)
-        if ids and self._vocab.decode_bytes(ids, strip=False) != head:
-            first = self._vocab.token_bytes[ids[0]][1:]  # without the dummy-prefix space
-            ids = self._spell_bytes(first) + ids[1:]
-        return ids + self._spell_bytes(data[len(head) :])
+        ids = vocab.encode(text)
+        if ids and vocab.decode_bytes(ids, strip=False) != head:
+            first = vocab.token_bytes[ids[0]][1:]  # without the dummy-prefix space
+            ids = self._spell_bytes(vocab, first) + ids[1:]
+        return ids + self._spell_bytes(vocab, data[len(head) :])
 
-    def _spell_bytes(self, data: bytes) -> list[int]:
-        whole = self._vocab.string_to_id.get(data.decode("utf-8", errors="replace"))
-        if whole is not None and self._vocab.token_bytes[whole] == data:
+    def _spell_bytes(self, vocab: Vocab, data: bytes) -> list[int]:
+        whole = vocab.string_to_id.get(data.decode("utf-8", errors="replace"))
+        if whole is not None and vocab.token_bytes[whole] == data:
             return [whole]
         return [self._byte_ids[b] for b in data if b in self._byte_ids]
 
@@ -343,6 +350,23 @@ _PER_VOCAB: weakref.WeakKeyDictionary[Vocab, dict[frozenset[int], _Compiled]] = 
     weakref.WeakKeyDictionary()
 )
 _PER_VOCAB_LOCK = threading.Lock()
+
+
+def prepare(vocab: Vocab, stop_ids: Sequence[int]) -> None:
+    """Build a member's grammar tokenizer now (about 1 s for a 150k vocabulary, then cached for
+    as long as the Vocab lives), e.g. when the member loads, rather than in its first
+    constrained request."""
+    _compiled(vocab, _stops_in(vocab, stop_ids))
+
+
+def _stops_in(vocab: Vocab, stop_ids: Sequence[int]) -> frozenset[int]:
+    stops = frozenset(i for i in stop_ids if 0 <= i < vocab.size)
+    if not stops:
+        raise InvalidConfigError(
+            "a constrained member needs stop ids (its end-of-turn tokens) inside its "
+            f"vocabulary of {vocab.size}; got {sorted(stop_ids)!r}."
+        )
+    return stops
 
 
 def _compiled(vocab: Vocab, stop_ids: frozenset[int]) -> _Compiled:
@@ -385,12 +409,7 @@ class Matcher:
     def __init__(self, constraint: Constraint, vocab: Vocab, stop_ids: Sequence[int]) -> None:
         self.constraint = constraint
         self.vocab = vocab
-        self.stop_ids = frozenset(i for i in stop_ids if i < vocab.size)
-        if not self.stop_ids:
-            raise InvalidConfigError(
-                "a constrained member needs stop ids (its end-of-turn tokens) inside its "
-                f"vocabulary of {vocab.size}; got {sorted(stop_ids)!r}."
-            )
+        self.stop_ids = _stops_in(vocab, stop_ids)
         self._compiled = _compiled(vocab, self.stop_ids)
         self._template = self._compiled.template(constraint)
         self._native = self._template.deep_copy()

@@ -4,10 +4,12 @@ retractions and interruptions."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import shutil
 import threading
+import weakref
 
 import jsonschema
 import pytest
@@ -337,6 +339,24 @@ def test_required_named_and_single_call(vocabs):
         assert not _matches(vocab, stops, named, format_tool_call(*ADD))
         _walk_canonical(vocab, stops, single, format_tool_call(*NO_ARGS))
         assert not _matches(vocab, stops, single, two)
+
+
+def test_auto_without_parallel_calls_allows_one_call(vocabs):
+    constraint = build_constraint(TOOLS, "auto", False, None)
+    for vocab, stops in vocabs.values():
+        _walk_canonical(vocab, stops, constraint, "Adding.\n" + format_tool_call(*ADD))
+        assert not _matches(vocab, stops, constraint, format_tool_calls([ADD, ADD]))
+
+
+def test_caches_do_not_keep_a_vocabulary_alive(tmp_path):
+    vocab, stops = _member_view(model_paths()[0])
+    matcher = Matcher(build_constraint(TOOLS, "auto", True, None), vocab, stops)
+    matcher.follow(vocab.encode("<tool_call>\n"))
+    assert matcher.forced() == '{"name": "'
+    gone = weakref.ref(vocab)
+    del vocab, matcher
+    gc.collect()
+    assert gone() is None
 
 
 def test_tools_with_a_response_format_allow_the_answer_or_calls(vocabs):
