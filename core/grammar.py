@@ -5,7 +5,10 @@ text (`build_constraint`), and each member gets a matcher compiled for its OWN t
 (`Matcher`), kept in step with its own ids the way its KV cache is: roll back to the common
 prefix, consume what is new. Drafts, retractions and crops therefore cannot desynchronise it,
 and any tokenization of valid text is accepted (masks are exact at the byte level: the grammar
-runs with llguidance's `no_forcing`, so it never insists on a canonical split of forced text).
+runs with llguidance's `no_forcing`; without it llguidance allows only its own split of forced
+text, which rejects the canonical ids of whole texts). A SentencePiece member whose first token
+carries a dummy-prefix space (Llama 2, Phi-3) gets the grammar behind an optional leading space,
+the one byte its first token spells that the text does not.
 
 How the engine calls it (a request with tools or a response_format)::
 
