@@ -24,7 +24,7 @@ class StopFilter:
         if hits:
             self.stopped, self.held = True, ""
             return buffer[: min(hits)]
-        keep = self._partial_suffix(buffer)
+        keep = partial_suffix(buffer, self.stops)
         self.held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]
 
@@ -33,12 +33,14 @@ class StopFilter:
         held, self.held = self.held, ""
         return held
 
-    def _partial_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of buffer that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(buffer)), best, -1):
-                if buffer.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+
+def partial_suffix(buffer: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of `buffer` that is a proper prefix of one of `markers`: the
+    text a stream must hold back until it knows whether a marker starts there."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(buffer)), best, -1):
+            if buffer.endswith(marker[:n]):
+                best = n
+                break
+    return best

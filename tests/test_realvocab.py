@@ -114,3 +114,50 @@ def test_strings_align_across_real_families(real_members):
     aligned = union.align(lps)
     column = union.strings.index(" answer")
     assert torch.allclose(aligned.probs[:, column], torch.ones(3), atol=1e-3)
+
+
+GRAMMAR_TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "maximum": 9}},
+            "required": ["city"],
+        },
+    },
+    {"name": "get_time", "description": "The time now."},
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_real_grammar_allows_each_canonical_id_and_stops_only_at_the_end(real_members, family):
+    from core.grammar import Matcher, build_constraint
+    from core.tools import format_tool_calls, normalize_tools
+
+    member = real_members[family]
+    vocab, stops = member.vocab, member.stop_ids
+    tools = normalize_tools(GRAMMAR_TOOLS)
+    calls = format_tool_calls(
+        [("get_weather", {"city": "Zürich 中文😀", "days": 3}), ("get_time", {})]
+    )
+    cases = [
+        (build_constraint(tools, "auto", True, None), "Let me look that up — ☃.\n" + calls),
+        (build_constraint(tools, "required", True, None), calls),
+        (
+            build_constraint((), "none", True, {"type": "array", "items": {"type": "number"}}),
+            "[1.5, -2, 3e+30]",
+        ),
+    ]
+    for constraint, text in cases:
+        matcher = Matcher(constraint, vocab, stops)
+        ids = vocab.encode(text)
+        for k, token in enumerate(ids):
+            matcher.follow(ids[:k])
+            allowed = matcher.allowed()
+            assert allowed[token], (k, vocab.decode_bytes(ids[: k + 1]))
+            assert bool(allowed[sorted(stops)].any()) == matcher.accepting()
+        matcher.follow(ids)
+        assert matcher.accepting()
+    fresh = Matcher(cases[1][0], vocab, stops)  # a dummy-prefix family forces the same text
+    assert fresh.forced() == '<tool_call>\n{"name": "get_'  # both names start so
