@@ -84,33 +84,56 @@ class Batcher:
         self.rows = 0  # requests' passes served
 
     # --- the combining protocol ----------------------------------------------------------------
+    # Every change of the queue and of who leads happens under the lock, and a thread's own
+    # bookkeeping is in `finally` blocks that an interrupt (Ctrl-C lands in whichever thread runs
+    # the main loop, a leader included) cannot skip: an interrupted waiter leaves the queue and
+    # passes on a lead it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
         ticket = _Ticket(job)
-        with self._lock:
-            self._queue.append(ticket)
-            lead = not self._busy
-            self._busy = True
-        if not lead:
-            try:
-                ticket.ready.wait()
-            except BaseException:
-                self._abandon(ticket)
-                raise
-            if not ticket.lead:
-                return ticket.result()
-        return self._lead(ticket)
-
-    def _lead(self, own: _Ticket) -> Pass:
         try:
-            while not own.finished:
-                self._gather()
-                with self._lock:
-                    batch = self._take(own)
-                self._execute(batch, own)
+            with self._lock:
+                self._queue.append(ticket)
+                if not self._busy:
+                    self._busy = ticket.lead = True
+            if not ticket.lead:
+                ticket.ready.wait()
+            if ticket.lead:
+                self._serve(ticket)
+            return ticket.result()
         finally:
-            self._hand_over()
-        return own.result()
+            with self._lock:
+                if ticket in self._queue:  # interrupted while waiting
+                    self._queue.remove(ticket)
+                if ticket.lead:
+                    ticket.lead = False
+                    self._pass_lead()
+
+    def _pass_lead(self) -> None:
+        """The next waiting thread leads (called under the lock)."""
+        if self._queue:
+            successor = self._queue[0]
+            successor.lead = True
+            successor.ready.set()
+        else:
+            self._busy = False
+
+    def _serve(self, own: _Ticket) -> None:
+        """Run batches until the leader's own pass is done (its pass is always in the first)."""
+        while not own.finished:
+            self._gather()
+            batch: list[_Ticket] = []
+            try:
+                with self._lock:
+                    batch = self._pick(own)
+                    for ticket in batch:
+                        self._queue.remove(ticket)
+                self._execute(batch)
+            except BaseException:  # an interrupt in the leader: the others' passes go back
+                with self._lock:
+                    back = [t for t in batch if not (t.finished or t is own or t in self._queue)]
+                    self._queue[:0] = back
+                raise
 
     def _gather(self) -> None:
         """Let the other request threads run while more passes keep arriving (a few hundred
@@ -126,58 +149,32 @@ class Batcher:
                 return
             seen = len(self._queue)
 
-    def _take(self, own: _Ticket) -> list[_Ticket]:
-        """The leader's own pass first (if still queued), then others of a similar size."""
-        first = own if own in self._queue else self._queue[0]
-        n = len(first.job.ids)
-        batch = [first]
+    def _pick(self, own: _Ticket) -> list[_Ticket]:
+        """The leader's own pass first, then others of a similar size."""
+        n = len(own.job.ids)
+        batch = [own]
         if self.batched:
             for ticket in self._queue:
                 m = len(ticket.job.ids)
-                if ticket is not first and len(batch) < _MAX_ROWS and _similar(n, m):
+                if ticket is not own and len(batch) < _MAX_ROWS and _similar(n, m):
                     batch.append(ticket)
-        for ticket in batch:
-            self._queue.remove(ticket)
         return batch
 
-    def _hand_over(self) -> None:
-        with self._lock:
-            if self._queue:
-                successor = self._queue[0]
-                successor.lead = True
-                successor.ready.set()
-            else:
-                self._busy = False
-
-    def _abandon(self, ticket: _Ticket) -> None:
-        """A waiting thread was interrupted: take its pass out, and pass on a lead it was given."""
-        with self._lock:
-            if ticket in self._queue:
-                self._queue.remove(ticket)
-            handed = ticket.lead
-        if handed:
-            self._hand_over()
-
-    def _execute(self, batch: list[_Ticket], own: _Ticket) -> None:
+    def _execute(self, batch: list[_Ticket]) -> None:
         try:
-            try:
-                self._run(batch)
-                for ticket in batch:
+            self._run(batch)
+            for ticket in batch:
+                ticket.finish()
+        except Exception as error:
+            if len(batch) == 1:
+                batch[0].fail(error)
+                return
+            for ticket in batch:  # find out whose pass fails: each alone
+                try:
+                    self._run([ticket])
                     ticket.finish()
-            except Exception as error:
-                if len(batch) == 1:
-                    batch[0].fail(error)
-                    return
-                for ticket in batch:  # find out whose pass fails: each alone
-                    try:
-                        self._run([ticket])
-                        ticket.finish()
-                    except Exception as alone:
-                        ticket.fail(alone)
-        except BaseException:  # an interrupt in the leader: the others' passes go back
-            with self._lock:
-                self._queue[:0] = [t for t in batch if not t.finished and t is not own]
-            raise
+                except Exception as alone:
+                    ticket.fail(alone)
 
     def _run(self, batch: list[_Ticket]) -> None:
         if len(batch) == 1:

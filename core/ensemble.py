@@ -21,7 +21,6 @@ a fresh view.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -38,6 +37,7 @@ from .methods import Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
+from .sources import Models, model_sources
 from .stops import StopFilter
 
 Messages = str | Sequence[dict[str, Any]]
@@ -91,7 +91,7 @@ class Ensemble:
     @classmethod
     def from_pretrained(
         cls,
-        models: str | os.PathLike | Remote | Sequence[str | os.PathLike | Remote],
+        models: Models,
         method: str = "safe",
         *,
         device: str | Sequence[str] = "auto",
@@ -110,9 +110,7 @@ class Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
         (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the first
         member drafts. `device`/`dtype` concern in-process members only."""
-        if isinstance(models, (str, os.PathLike, Remote)):
-            models = [models]
-        models = list(models)
+        models = model_sources(models)
         if not models:
             raise InvalidConfigError(
                 "models is empty; pass one or more local model directories or hub ids."
