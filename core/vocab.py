@@ -287,6 +287,7 @@ class UnionVocab:
                     target[i] = 0
             self.maps.append(target)
         self.strings = list(index)
+        self.index = index  # string -> its position in `strings`
         void = len(self.strings)  # unspellable ids (control tokens, partial bytes) land here
         self.maps = [torch.where(m < 0, void, m) for m in self.maps]
         self._device_maps: dict[tuple[int, str], torch.Tensor] = {}

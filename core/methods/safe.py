@@ -296,9 +296,10 @@ class Safe(Method):
         self.threshold = float(threshold)
         self.heal = heal is not False
         self.heal_spans = heal is True  # "oov": not where a verifier's token ends inside ours
-        self._union: UnionVocab | None = None  # GaC's full union, built once
-        self._union_index: dict[str, int] = {}
-        self._indexes: dict[int, _ByteIndex] = {}
+        # built once, shared by every request's copy (keyed by member names: a member that
+        # leaves a request shifts the indices)
+        self._unions: dict[tuple[str, ...], UnionVocab] = {}  # GaC's full union
+        self._indexes: dict[str, _ByteIndex] = {}
 
     @property
     def active(self) -> list[Member]:
@@ -318,10 +319,10 @@ class Safe(Method):
         }
 
     def _index(self, i: int) -> _ByteIndex:
-        if i not in self._indexes:
-            member = self.members[i]
-            self._indexes[i] = _ByteIndex(member.vocab, member.stop_ids)
-        return self._indexes[i]
+        member = self.members[i]
+        if member.name not in self._indexes:
+            self._indexes[member.name] = _ByteIndex(member.vocab, member.stop_ids)
+        return self._indexes[member.name]
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -634,8 +635,8 @@ class Safe(Method):
             pool_set = set()
             for i in plain:
                 pool_set.update(torch.topk(probs[i], self.top_k).indices.tolist())
-            if pos.string in self._union_index:
-                pool_set.add(self._union_index[pos.string])
+            if pos.string in union.index:
+                pool_set.add(union.index[pos.string])
             pool = sorted(pool_set)
             donors = torch.zeros(len(strings), dtype=torch.bool)
             donors[pool] = True
@@ -655,12 +656,11 @@ class Safe(Method):
         return chosen, event
 
     def _gac_union(self) -> UnionVocab:
-        if self._union is None:
-            self._union = UnionVocab(
-                [m.vocab for m in self.members], [m.stop_ids for m in self.members]
-            )
-            self._union_index = {s: i for i, s in enumerate(self._union.strings)}
-        return self._union
+        key = tuple(m.name for m in self.members)
+        if key not in self._unions:
+            vocabs, stops = [m.vocab for m in self.members], [m.stop_ids for m in self.members]
+            self._unions[key] = UnionVocab(vocabs, stops)
+        return self._unions[key]
 
     def _drafter_top(self, row: torch.Tensor, strings: list[str]) -> torch.Tensor:
         """Which candidates are among the drafter's top-k tokens (sharpening's candidates)."""
@@ -669,8 +669,10 @@ class Safe(Method):
         for i in torch.topk(row, min(self.top_k, row.shape[-1])).indices.tolist():
             top.add(EOS if i in drafter.stop_ids else drafter.vocab.strings[i])
         mask = torch.zeros(len(strings), dtype=torch.bool)
-        where = self._union_index if strings is getattr(self._union, "strings", None) else None
-        if where is None:
+        union = self._gac_union() if self.aggregator == "gac" else None
+        if union is not None and strings is union.strings:
+            where = union.index
+        else:
             where = {s: k for k, s in enumerate(strings)}
         mask[[where[s] for s in top if s in where]] = True
         return mask

@@ -25,21 +25,21 @@ AGGREGATORS = ("unite", "gac")
 class Aligner:
     """Next-token distributions of several members -> probabilities over shared strings."""
 
-    def __init__(self, members, aggregator: str, top_k: int) -> None:
+    def __init__(self, aggregator: str, top_k: int) -> None:
         check_choice("aggregator", aggregator, AGGREGATORS)
-        self.members = members
         self.aggregator = aggregator
         self.top_k = top_k
-        self._union: UnionVocab | None = None
+        self._unions: dict[tuple[str, ...], UnionVocab] = {}
 
-    def align(self, logprobs: Sequence[torch.Tensor]):
-        vocabs = [m.vocab for m in self.members]
-        stops = [m.stop_ids for m in self.members]
+    def align(self, members, logprobs: Sequence[torch.Tensor]):
+        vocabs = [m.vocab for m in members]
+        stops = [m.stop_ids for m in members]
         if self.aggregator == "unite":
             return unite_union(vocabs, stops, logprobs, k=self.top_k)
-        if self._union is None:  # built once: GaC's union of full vocabularies
-            self._union = UnionVocab(vocabs, stops)
-        return self._union.align(logprobs)
+        key = tuple(m.name for m in members)
+        if key not in self._unions:  # built once per member set: GaC's union of vocabularies
+            self._unions[key] = UnionVocab(vocabs, stops)
+        return self._unions[key].align(logprobs)
 
 
 def top_candidates(strings: list[str], probs: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
@@ -61,7 +61,7 @@ class TokenEnsemble(Method):
     ) -> None:
         super().__init__(members)
         check_choice("aggregation", aggregation, AGGREGATIONS)
-        self.aligner = Aligner(self.members, aggregator, top_k)
+        self.aligner = Aligner(aggregator, top_k)
         self.aggregation = aggregation
         self.weights = list(weights) if weights is not None else None
 
@@ -73,7 +73,7 @@ class TokenEnsemble(Method):
         position = 0
         while request.remaining > 0:
             rows = each(self.members, next_row)  # remote members answer concurrently
-            aligned = self.aligner.align(rows)
+            aligned = self.aligner.align(self.members, rows)
             probs = combine(aligned.probs, self.aggregation, self.weights)
             chosen = aligned.strings[request.sampler.pick_probs(probs)]
             request.stats.ensembled += 1
