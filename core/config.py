@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .events import Event
-from .validate import check_int, check_real, check_seed, check_strings
+from .grammar import Constraint, build_constraint
+from .tools import (
+    InvalidToolCall,
+    ToolCall,
+    ToolSpec,
+    normalize_response_format,
+    normalize_tool_choice,
+    normalize_tools,
+)
+from .validate import check_bool, check_int, check_real, check_seed, check_strings
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Greedy by default; `temperature > 0` samples, reproducibly when `seed` is set."""
+    """Greedy by default; `temperature > 0` samples, reproducibly when `seed` is set.
+
+    Tools and structured output: `tools` (OpenAI-style function specs), `tool_choice` ("auto",
+    "none", "required" or a tool name), `parallel_tool_calls`, and `response_format` (a JSON
+    schema, {"type": "json_object"} or OpenAI's {"type": "json_schema", ...}). They are checked
+    and normalised here (`core.tools`), and together they make the request's grammar
+    (`constraint`, None when there is nothing to constrain), which every method honours."""
 
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    constraint: Constraint | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Every field checked and normalised here, so a bad value fails where it is written
@@ -29,9 +50,22 @@ class GenerationConfig:
             ),
             "top_p": check_real("top_p", self.top_p, low=0, high=1, low_open=True, example=0.9),
             "seed": check_seed("seed", self.seed),
+            "tools": normalize_tools(self.tools),
+            "parallel_tool_calls": check_bool("parallel_tool_calls", self.parallel_tool_calls),
+            "response_format": normalize_response_format(self.response_format),
         }
+        checked["tool_choice"] = normalize_tool_choice(self.tool_choice, checked["tools"])
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, here
+        constraint = build_constraint(
+            self.tools, self.tool_choice, self.parallel_tool_calls, self.response_format
+        )
+        object.__setattr__(self, "constraint", constraint)
+
+    @property
+    def calls_tools(self) -> bool:
+        """The answer may contain tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     @property
     def greedy(self) -> bool:
@@ -103,18 +137,36 @@ class Stats:
 
 @dataclass(frozen=True)
 class Delta:
-    """One streamed piece: new text (possibly empty when only events happened) and the events
-    since the previous delta. The last delta carries `finish_reason` and the final `stats`."""
+    """One streamed piece: new text (possibly empty when only events happened), the events
+    since the previous delta, and the tool calls whose text closed in it (whole calls; a call
+    cut by max_new_tokens arrives as an `InvalidToolCall` on the last delta). The last delta
+    carries `finish_reason` and the final `stats`."""
 
     text: str
     events: tuple[Event, ...] = ()
     finish_reason: str | None = None
     stats: Stats | None = None
+    tool_calls: tuple[ToolCall | InvalidToolCall, ...] = ()
 
 
 @dataclass
 class Output:
-    text: str
-    finish_reason: str  # "stop" | "length"
+    text: str  # the content outside tool calls
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     stats: Stats
     events: list[Event] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)
+
+    @classmethod
+    def from_deltas(cls, deltas) -> Output:
+        """A request's whole output from its deltas (what `generate` returns for `stream`)."""
+        parts, events, calls, last = [], [], [], None
+        for delta in deltas:
+            parts.append(delta.text)
+            events.extend(delta.events)
+            calls.extend(delta.tool_calls)
+            last = delta
+        valid = [c for c in calls if isinstance(c, ToolCall)]
+        invalid = [c for c in calls if isinstance(c, InvalidToolCall)]
+        return cls("".join(parts), last.finish_reason, last.stats, events, valid, invalid)

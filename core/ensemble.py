@@ -31,14 +31,15 @@ from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event, MemberFailed
+from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
 from .member import ContextOverflow, HFMember, Member
-from .methods import Method, Request, build_method, check_method
+from .methods import Commit, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
+from .shaping import ResponseShaper
 from .sources import Models, model_sources
-from .stops import StopFilter
+from .tools import InvalidToolCall, ToolCall
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -186,7 +187,7 @@ class Ensemble:
     ) -> Output:
         deltas = self.stream(messages, config, on_event=on_event, **overrides)
         try:
-            return _collect(deltas)
+            return Output.from_deltas(deltas)
         finally:
             deltas.close()
 
@@ -212,12 +213,9 @@ class Ensemble:
         on_event: OnEvent = None,
         **overrides: Any,
     ) -> Output:
-        parts, events, last = [], [], None
-        async for delta in self.astream(messages, config, on_event=on_event, **overrides):
-            parts.append(delta.text)
-            events.extend(delta.events)
-            last = delta
-        return Output("".join(parts), last.finish_reason, last.stats, events)
+        return Output.from_deltas(
+            [d async for d in self.astream(messages, config, on_event=on_event, **overrides)]
+        )
 
     @property
     def weights(self) -> dict[str, float] | None:
@@ -260,8 +258,11 @@ class Ensemble:
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
         method = self.method.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
+        tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
         for member in method.active:
-            request.stats.prompt_tokens[member.name] = member.start(messages)
+            request.stats.prompt_tokens[member.name] = member.start(
+                messages, tools, config.response_format, config.constraint
+            )
         run = _Run(self, members, method, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
 
@@ -302,40 +303,56 @@ class _Run:
         self.method = method
         self.request = request
         self.started = time.perf_counter()
+        self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
+        self.call_opened = 0  # stats.ensembled when the open call region began
+        self.held = ""  # content of the last commit, shown with the last delta...
+        self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
             self.started = time.perf_counter()
-            finish, text, stops = "length", "", StopFilter(self.request.config.stop)
+            shaper = ResponseShaper(self.request.config)
             try:
-                finish, text = yield from self._commits(stops)
+                finish = yield from self._commits(shaper)
             except CallbackFailed as failed:
                 raise failed.error from None
-            if not stops.stopped:
-                text += stops.flush()
-            last = self._last(text, finish)
+            text, calls = shaper.finish()
+            self._report(calls)
+            if any(isinstance(c, ToolCall) for c in self.calls) and not any(
+                isinstance(c, InvalidToolCall) for c in self.calls
+            ):
+                finish = "tool_calls"  # every call whole (a grammar closes them itself)
+            last = self._last(self.held + text, finish, self.held_calls + calls)
             for member in self.members:  # a finished request's prefixes serve later ones
                 member.keep_prefix()
             yield last
 
-    def _commits(self, stops: StopFilter):
-        """Runs the method (again, without a failed member, under "drop") until it is done;
-        returns (finish_reason, text held back for the last delta)."""
+    def _commits(self, shaper: ResponseShaper):
+        """Runs the method (again, without a failed member, under "drop") until it is done,
+        committing what the grammar forces between its steps; returns the finish reason."""
         request, method = self.request, self.method
         while True:
             commits = method.run(request)
             try:
-                for commit in commits:
+                while True:
+                    forced = self._forced(method)
+                    commit = next(commits, None) if forced is None else forced
+                    if commit is None:
+                        return "length"
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
-                    text = stops.feed(commit.text)
-                    if stops.stopped or commit.finish or request.remaining <= 0:
-                        return ("stop" if stops.stopped else (commit.finish or "length")), text
-                    if text or request.pending:
-                        yield self._delta(text)
-                return "length", ""
+                    opened = shaper.in_call
+                    text, calls = shaper.feed(commit.text)
+                    if shaper.in_call and not opened:
+                        self.call_opened = request.stats.ensembled
+                    self._report(calls)
+                    if shaper.stopped or commit.finish or request.remaining <= 0:
+                        self.held, self.held_calls = text, calls
+                        return "stop" if shaper.stopped else (commit.finish or "length")
+                    if text or calls or request.pending:
+                        yield self._delta(text, calls)
             except ContextOverflow:
-                return "length", ""
+                return "length"
             except MemberError as error:
                 method = self._after_failure(method, error)
             except (EnsembleError, CallbackFailed):
@@ -346,6 +363,31 @@ class _Run:
                 ) from error
             finally:
                 commits.close()
+
+    def _forced(self, method: Method) -> Commit | None:
+        """The text the grammar forces after the committed text, as a commit no model made
+        (counted in the first active member's tokens), or None."""
+        request = self.request
+        if request.config.constraint is None:
+            return None
+        first = method.active[0]
+        first.sync(request.text)
+        text = first.forced()
+        if not text:
+            return None
+        before = first.n_tokens
+        first.sync(request.text + text)
+        request.emit(GrammarForced(request.stats.tokens, text))
+        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
+        return Commit(text, max(first.n_tokens - before, 0))
+
+    def _report(self, calls) -> None:
+        """Tool calls that closed: kept for the output, and told as events."""
+        for call in calls:
+            self.calls.append(call)
+            if isinstance(call, ToolCall):
+                ensembled = self.request.stats.ensembled - self.call_opened
+                self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
     def _after_failure(self, method: Method, error: MemberError) -> Method:
         """Report the failure; under "drop" the method without that member, else re-raise."""
@@ -360,14 +402,14 @@ class _Run:
             raise error
         return method.without(name)
 
-    def _delta(self, text: str) -> Delta:
+    def _delta(self, text: str, calls) -> Delta:
         stats = self.request.stats
         if text and stats.first_delta_seconds is None:
             stats.first_delta_seconds = time.perf_counter() - self.started
         events, self.request.pending = tuple(self.request.pending), []
-        return Delta(text, events)
+        return Delta(text, events, tool_calls=tuple(calls))
 
-    def _last(self, text: str, finish: str) -> Delta:
+    def _last(self, text: str, finish: str, calls) -> Delta:
         stats = self.request.stats
         for member in self.members:
             if member.calls or member.name in stats.prompt_tokens:
@@ -383,16 +425,7 @@ class _Run:
         if stats.first_delta_seconds is None and text:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
-        return Delta(text, events, finish, stats)
-
-
-def _collect(deltas: Iterator[Delta]) -> Output:
-    parts, events, last = [], [], None
-    for delta in deltas:
-        parts.append(delta.text)
-        events.extend(delta.events)
-        last = delta
-    return Output("".join(parts), last.finish_reason, last.stats, events)
+        return Delta(text, events, finish, stats, tuple(calls))
 
 
 def _check_policy(policy: str) -> None:

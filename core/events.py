@@ -124,6 +124,28 @@ class MemberFailed(Event):
     operation: str = ""
 
 
+@dataclass(frozen=True)
+class ToolCallEvent(Event):
+    """A tool call closed in the response: its id, name and parsed arguments, and how many
+    ensemble decisions (positions or segments) were taken while its text was written."""
+
+    name: ClassVar[str] = "tool_call"
+    id: str
+    tool: str
+    arguments: dict = field(default_factory=dict)
+    ensembled: int = 0
+
+
+@dataclass(frozen=True)
+class GrammarForced(Event):
+    """Text the request's grammar forced (a tool-call tag, a JSON key), committed without a
+    model call at output token `position`."""
+
+    name: ClassVar[str] = "grammar_forced"
+    position: int
+    text: str
+
+
 EVENT_TYPES: tuple[type[Event], ...] = (
     Drafted,
     TokenEnsembled,
@@ -134,4 +156,6 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SegmentSelected,
     WeightsUpdated,
     MemberFailed,
+    ToolCallEvent,
+    GrammarForced,
 )

@@ -35,6 +35,7 @@ import torch
 from .batching import Pass, batcher_for
 from .chat import Message, render_prompt
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
+from .grammar import Constraint, Matcher, constrain
 from .sampling import Sampler
 from .vocab import Vocab, is_cut, stop_logprob, tokenizer_lock
 
@@ -82,14 +83,18 @@ def _common_prefix(a: Sequence, b: Sequence) -> int:
 @dataclass
 class SequenceState:
     """One request's view of the shared text in one member: prompt ids + response ids, the
-    response's bytes as this member spells them, where each response token ends, and what the
-    backend computed for a prefix of the ids (`cache`: the backend's own immutable value)."""
+    response's bytes as this member spells them, where each response token ends, what the
+    backend computed for a prefix of the ids (`cache`: the backend's own immutable value), and
+    the request's grammar matcher for this member's tokenizer (`grammar`, None when the request
+    is unconstrained). The matcher is, like the cache, a function of a prefix of the ids: it
+    follows them when asked (`Matcher.follow`), so a rolled-back state needs nothing else."""
 
     seq: list[int] = field(default_factory=list)
     prompt_len: int = 0
     data: bytes = b""
     ends: list[int] = field(default_factory=list)
     cache: Any = None
+    grammar: Matcher | None = None
 
     def copy(self) -> SequenceState:
         return replace(self, seq=list(self.seq), ends=list(self.ends))
@@ -189,14 +194,35 @@ class Member(ABC):
         """How many more tokens fit in the context window."""
         return self.context_window - len(self._state.seq)
 
-    def render(self, messages: list[Message]) -> list[int]:
+    def render(
+        self,
+        messages: list[Message],
+        tools: Sequence[dict] = (),
+        response_format: dict | None = None,
+    ) -> list[int]:
+        """The prompt ids: the messages in this member's own chat template, with the tools (as
+        OpenAI-style dicts) and the answer's schema where the request has them."""
+        extra = {}
+        if tools:
+            extra["tools"] = list(tools)
+        if response_format is not None:
+            extra["response_format"] = response_format
         with tokenizer_lock(self.tokenizer):
-            prompt = render_prompt(self.tokenizer, messages, self.name)
+            prompt = render_prompt(self.tokenizer, messages, self.name, **extra)
         return self.vocab.encode_prompt(prompt)
 
-    def start(self, messages: list[Message]) -> int:
-        """Begin a request: render the prompt with this member's template. Returns its length."""
-        prompt = self.render(messages)
+    def start(
+        self,
+        messages: list[Message],
+        tools: Sequence[dict] = (),
+        response_format: dict | None = None,
+        constraint: Constraint | None = None,
+    ) -> int:
+        """Begin a request: render the prompt with this member's template (and the request's
+        tools and answer schema); a `constraint` gives this member a grammar matcher for its
+        own tokenizer. Returns the prompt's length."""
+        prompt = self.render(messages, tools, response_format)
+        grammar = Matcher(constraint, self.vocab, self.stop_ids) if constraint else None
         if len(prompt) >= self.context_window:
             raise ContextWindowError(
                 f"the prompt is {len(prompt)} tokens for member {self.name!r}, whose context "
@@ -205,10 +231,44 @@ class Member(ABC):
             )
         with self._transaction("start"):
             keep = _common_prefix(self._state.seq, prompt)
-            self._state = SequenceState(list(prompt), len(prompt), b"", [], self._state.cache)
+            old = self._state.cache
+            self._state = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
             self._rewind(keep)
             self._reuse(prompt)
         return len(prompt)
+
+    # --- the request's grammar ------------------------------------------------------------
+
+    @property
+    def constrained(self) -> bool:
+        return self._state.grammar is not None
+
+    def allowed(self, boundary: int | None = None) -> torch.Tensor | None:
+        """Which next ids keep the response valid after its first `boundary` tokens (default:
+        all of them), as a bool mask over the vocabulary; None when unconstrained."""
+        grammar = self._state.grammar
+        if grammar is None:
+            return None
+        ids = self.ids
+        grammar.follow(ids if boundary is None else ids[:boundary])
+        return grammar.allowed()
+
+    def constrained_rows(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
+        """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
+        grammar allows there and renormalised; unchanged when unconstrained."""
+        if self._state.grammar is None:
+            return rows
+        masks = torch.stack([self.allowed(b) for b in boundaries])
+        return constrain(rows, masks)
+
+    def forced(self) -> str:
+        """Text the grammar forces after the current text ("" when there is a choice, or when
+        unconstrained): the engine commits it without asking any model."""
+        grammar = self._state.grammar
+        if grammar is None:
+            return ""
+        grammar.follow(self.ids)
+        return grammar.forced()
 
     def _reuse(self, prompt: list[int]) -> None:  # noqa: B027 (a hook: nothing by default)
         """A backend may take a cached prefix of the prompt from an earlier request."""
@@ -345,13 +405,17 @@ class Member(ABC):
         return branches
 
     def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
-        """Continue the current text by up to `max_tokens` tokens, appending them."""
+        """Continue the current text by up to `max_tokens` tokens, appending them. Under a
+        grammar every step draws from the allowed tokens only (the rows returned are those
+        masked, renormalised distributions), and the turn may end only where it is complete."""
         with self._transaction("draft"):
             ids, rows, stopped = [], [], False
             for _ in range(max_tokens):
                 if self.room <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
+                if self._state.grammar is not None:
+                    row = constrain(row, self.allowed())
                 token = sampler.pick(row)
                 rows.append(row)
                 if token in self.stop_ids:

@@ -439,6 +439,13 @@ class RemoteMember(Member):
                 member=self.name,
             )
         ids = list(ids)
+        entries = choice["logprobs"]["top_logprobs"] if self._rows_read and ids else None
+        if self._state.grammar is not None:  # the server drafts unconstrained: keep what fits
+            ids = ids[: self._valid_part(ids)]
+            if not ids:  # not even its first token: one constrained step from its log-probs
+                self._rows_read = False
+                return Member.draft(self, 1, sampler)
+            entries = entries[: len(ids)] if entries else None
         stopped = bool(ids) and ids[-1] in self.stop_ids
         if stopped:
             ids.pop()
@@ -446,11 +453,29 @@ class RemoteMember(Member):
             self._append(token)
         count = len(ids) + int(stopped)
         rows = None if count else torch.empty(0, self.vocab.size)
-        if self._rows_read and count:
-            rows = torch.stack([self._row(e) for e in choice["logprobs"]["top_logprobs"]])
+        if entries and count:
+            rows = self._masked(torch.stack([self._row(e) for e in entries]), len(prefix))
         self._rows_read = False
-        fetch = lambda: self._next_rows([prefix + ids[:j] for j in range(count)])  # noqa: E731
+
+        def fetch() -> torch.Tensor:
+            return self._masked(
+                self._next_rows([prefix + ids[:j] for j in range(count)]), len(prefix)
+            )
+
         return _RemoteDraft(ids, stopped, rows, fetch, self)
+
+    def _valid_part(self, ids: list[int]) -> int:
+        """How many of the drafted ids (a final stop included) the request's grammar accepts
+        after the current text: the draft is cut at the first invalid token."""
+        grammar = self._state.grammar
+        grammar.follow(self.ids)
+        return grammar.valid_prefix(ids)
+
+    def _masked(self, rows: torch.Tensor, start: int) -> torch.Tensor:
+        """Drafted rows as the constrained distributions they stand for (row j: after the
+        first `start - prompt + j` response ids)."""
+        base = start - self._state.prompt_len
+        return self.constrained_rows(rows, [base + j for j in range(rows.shape[0])])
 
     def score(
         self,

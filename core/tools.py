@@ -84,6 +84,8 @@ def _tool_label(index: int, spec: Any) -> str:
 
 
 def _one_tool(index: int, tool: Any) -> ToolSpec:
+    if isinstance(tool, ToolSpec):  # already checked
+        return tool
     if not isinstance(tool, dict):
         raise InvalidConfigError(
             f"tool #{index} is a {type(tool).__name__}, not a dict; pass OpenAI-style tools "
@@ -321,6 +323,11 @@ class ToolCallStream:
         self._buffer = ""
         self._in_call = False
         self._after_call = False  # whitespace right after a region is a separator
+
+    @property
+    def in_call(self) -> bool:
+        """Inside a call region that has not closed yet."""
+        return self._in_call
 
     def feed(self, text: str) -> tuple[str, list[ToolCall | InvalidToolCall]]:
         self._buffer += text

@@ -12,6 +12,7 @@ from .events import (
     EVENT_CLASSES,
     EnsembleDraftEvent,
     EnsembleEvent,
+    EnsembleGrammarForcedEvent,
     EnsembleMemberFailedEvent,
     EnsemblePointEvent,
     EnsembleSegmentCandidatesEvent,
@@ -19,6 +20,7 @@ from .events import (
     EnsembleSkipConsensusEvent,
     EnsembleSkipMismatchEvent,
     EnsembleTokenEvent,
+    EnsembleToolCallEvent,
     EnsembleWeightsUpdatedEvent,
     to_instrumentation,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "EVENT_CLASSES",
     "EnsembleDraftEvent",
     "EnsembleEvent",
+    "EnsembleGrammarForcedEvent",
     "EnsembleLLM",
     "EnsembleMemberFailedEvent",
     "EnsemblePointEvent",
@@ -36,6 +39,7 @@ __all__ = [
     "EnsembleSkipConsensusEvent",
     "EnsembleSkipMismatchEvent",
     "EnsembleTokenEvent",
+    "EnsembleToolCallEvent",
     "EnsembleWeightsUpdatedEvent",
     "to_instrumentation",
 ]

@@ -63,6 +63,14 @@ class EnsembleMemberFailedEvent(EnsembleEvent):
     """A member failed during the request (`MemberFailed`)."""
 
 
+class EnsembleToolCallEvent(EnsembleEvent):
+    """A tool call closed in the response (`ToolCallEvent`)."""
+
+
+class EnsembleGrammarForcedEvent(EnsembleEvent):
+    """Text the request's grammar forced, committed without a model call (`GrammarForced`)."""
+
+
 EVENT_CLASSES: dict[type[core_events.Event], type[EnsembleEvent]] = {
     core_events.Drafted: EnsembleDraftEvent,
     core_events.TokenEnsembled: EnsembleTokenEvent,
@@ -73,6 +81,8 @@ EVENT_CLASSES: dict[type[core_events.Event], type[EnsembleEvent]] = {
     core_events.SegmentSelected: EnsembleSegmentSelectedEvent,
     core_events.WeightsUpdated: EnsembleWeightsUpdatedEvent,
     core_events.MemberFailed: EnsembleMemberFailedEvent,
+    core_events.ToolCallEvent: EnsembleToolCallEvent,
+    core_events.GrammarForced: EnsembleGrammarForcedEvent,
 }
 
 

@@ -2,8 +2,10 @@
 
 A method is a loop that yields `Commit`s: pieces of text appended to the shared response. It
 talks to members only through the `Member` interface and reports what it did through
-`request.emit(event)` and `request.stats`. The facade (`core.ensemble`) does the rest: prompt
-rendering, stop strings, max_new_tokens, streaming, timing.
+`request.emit(event)` and `request.stats`. Each step starts from `request.text` as it is then
+(members synced to it): between two steps the facade may append text no model wrote (what a
+request's grammar forces, such as a tool-call tag or a JSON key). The facade (`core.ensemble`)
+does the rest: prompt rendering, stop strings, max_new_tokens, streaming, timing.
 """
 
 from __future__ import annotations

@@ -471,7 +471,7 @@ class Safe(Method):
         view.own, view.agree = [0.0] * len(aligned), [False] * len(aligned)
         if not wanted:
             return
-        rows = member.logprobs(wanted)
+        rows = member.constrained_rows(member.logprobs(wanted), wanted)
         view.rows = dict(zip(wanted, rows, strict=True))
         stops = [i for i in member.stop_ids if i < rows.shape[-1]]
         if not sampler.greedy:  # the distributions actually sampled from

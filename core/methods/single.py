@@ -21,8 +21,8 @@ class Single(Method):
 
     def run(self, request: Request) -> Iterator[Commit]:
         member = self.members[self.index]
-        member.sync(request.text)
         while request.remaining > 0:
+            member.sync(request.text)  # the text may have grown by text the grammar forced
             draft = member.draft(1, request.sampler)
             if draft.stopped:
                 yield Commit("", 1, "stop")  # the stop token is a generated token

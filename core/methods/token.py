@@ -68,7 +68,8 @@ class TokenEnsemble(Method):
     def run(self, request: Request) -> Iterator[Commit]:
         def next_row(member):
             member.sync(request.text)
-            return member.logprobs([member.n_tokens])[0]
+            boundary = [member.n_tokens]
+            return member.constrained_rows(member.logprobs(boundary), boundary)[0]
 
         position = 0
         while request.remaining > 0:

@@ -1,0 +1,46 @@
+"""Committed response text -> what a delta shows: the content, and the tool calls.
+
+The ensemble commits one text. With tools, that text holds call regions in the canonical syntax
+(`core.tools`): they are cut out of the content and handed over whole, as parsed calls, when they
+close. Stop strings (`core.stops`) apply to the content only, never inside a call, and not to an
+answer constrained by a `response_format` (a stop string must not cut a JSON value).
+"""
+
+from __future__ import annotations
+
+from .config import GenerationConfig
+from .stops import StopFilter
+from .tools import InvalidToolCall, ToolCall, ToolCallStream
+
+
+class ResponseShaper:
+    def __init__(self, config: GenerationConfig) -> None:
+        self.calls = ToolCallStream() if config.calls_tools else None
+        self.stops = StopFilter(() if config.response_format is not None else config.stop)
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string ended the content."""
+        return self.stops.stopped
+
+    @property
+    def in_call(self) -> bool:
+        return self.calls is not None and self.calls.in_call
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall | InvalidToolCall]]:
+        """The content that is safe to show now, and the calls that closed."""
+        calls: list[ToolCall | InvalidToolCall] = []
+        if self.calls is not None:
+            text, calls = self.calls.feed(text)
+        return self.stops.feed(text), calls
+
+    def finish(self) -> tuple[str, list[ToolCall | InvalidToolCall]]:
+        """What was held back; a call cut off by the end becomes an `InvalidToolCall`."""
+        calls: list[ToolCall | InvalidToolCall] = []
+        text = ""
+        if self.calls is not None:
+            text, calls = self.calls.finish()
+        content = self.stops.feed(text)
+        if not self.stops.stopped:
+            content += self.stops.flush()
+        return content, calls
