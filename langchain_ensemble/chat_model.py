@@ -300,8 +300,13 @@ class ChatEnsemble(BaseChatModel):
 
     def _bind_checked(self, **bound: Any) -> Runnable[LanguageModelInput, AIMessage]:
         """`bind`, with the settings checked now rather than at the first call (LangChain
-        takes the tracing key out before the model sees the call's arguments)."""
+        takes the tracing key out before the model sees the call's arguments). Two tools of
+        one name are refused only when the model is called: binding without calling is what
+        LangChain's standard suite does with a model and its schema under one name."""
         per_call = {k: v for k, v in bound.items() if k != "ls_structured_output_format"}
+        if isinstance(per_call.get("tools"), list):
+            named = {tool["function"]["name"]: tool for tool in per_call["tools"]}
+            per_call["tools"] = list(named.values())
         self._config(None, per_call)
         return self.bind(**bound)
 

@@ -8,19 +8,26 @@ Three methods, as LangChain's providers name them, all enforced by the engine's 
 - "json_mode": any JSON object, or, when a schema is given, a JSON value of that schema
   (stricter than OpenAI's json_mode, which only promises some JSON object).
 `strict` is accepted for every method: the grammar always holds an answer to its schema.
+
+An answer cut by max_tokens raises `OutputParserException` naming the fix (as OpenAI's client
+raises on a truncated structured answer): LangChain's JSON parsers would otherwise read a
+truncated `{"setup": "Why` as a partial object and return it.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from langchain_core.exceptions import OutputParserException
+from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import (
     JsonOutputKeyToolsParser,
     PydanticToolsParser,
 )
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableGenerator, RunnableMap, RunnablePassthrough
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from core.errors import InvalidConfigError
@@ -60,14 +67,35 @@ def _bound(model: ChatEnsemble, schema: Any, method: str, strict: bool | None) -
     return model._bind_checked(response_format=fmt, **traced)
 
 
+def _check_whole(message: BaseMessage) -> BaseMessage:
+    if message.response_metadata.get("finish_reason") == "length":
+        raise OutputParserException(
+            "the answer reached max_tokens before its JSON was complete; raise max_tokens "
+            "(ChatEnsemble(max_tokens=...), or .bind(max_tokens=...)).",
+            llm_output=message.text,
+        )
+    return message
+
+
+def _whole(messages: Iterator[BaseMessage]) -> Iterator[BaseMessage]:
+    for message in messages:  # the last chunk carries the finish reason
+        yield _check_whole(message)
+
+
+async def _awhole(messages: AsyncIterator[BaseMessage]) -> AsyncIterator[BaseMessage]:
+    async for message in messages:
+        yield _check_whole(message)
+
+
 def _parser(schema: Any, method: str) -> Runnable:
+    whole = RunnableGenerator(_whole, _awhole, name="whole_answer")
     if method == "function_calling":
         if _is_pydantic(schema):
-            return PydanticToolsParser(tools=[schema], first_tool_only=True)
-        return JsonOutputKeyToolsParser(key_name=tool_name(schema), first_tool_only=True)
+            return whole | PydanticToolsParser(tools=[schema], first_tool_only=True)
+        return whole | JsonOutputKeyToolsParser(key_name=tool_name(schema), first_tool_only=True)
     if _is_pydantic(schema):
-        return PydanticOutputParser(pydantic_object=schema)
-    return JsonOutputParser()
+        return whole | PydanticOutputParser(pydantic_object=schema)
+    return whole | JsonOutputParser()
 
 
 def structured_output(

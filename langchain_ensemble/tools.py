@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from pydantic import BaseModel
 
 from core.errors import InvalidConfigError
 
@@ -50,10 +51,13 @@ def tool_name(schema: Any) -> str:
 
 
 def response_schema(schema: Any) -> dict[str, Any]:
-    """The JSON schema of a structured-output schema; a JSON schema dict is taken as it is
-    (its $defs and $refs intact), anything else through LangChain's converter."""
+    """The JSON schema of a structured-output schema: a JSON schema dict as it is, a pydantic
+    v2 model's own `model_json_schema()` (what LlamaIndex sends for the same class, so both
+    adapters prompt alike), anything else through LangChain's converter."""
     if isinstance(schema, dict) and "function" not in schema and "parameters" not in schema:
         return schema
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        return schema.model_json_schema()
     try:
         return convert_to_json_schema(schema)
     except (ValueError, TypeError, KeyError) as error:

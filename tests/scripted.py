@@ -6,47 +6,9 @@ whatever tiny random models would write."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
-from typing import Any
 
 from core import Delta, Ensemble, GenerationConfig, Stats
-from core.tools import (
-    ToolCall,
-    ToolCallStream,
-    format_tool_call,
-    normalize_response_format,
-    normalize_tool_choice,
-    normalize_tools,
-)
-
-# ---- stand-in for the engine's tool fields until they land in core.config (removed then) ----
-if "tools" not in {f.name for f in fields(GenerationConfig)}:
-    import langchain_ensemble.chat_model as _lc
-    import llamaindex_ensemble.llm as _li
-
-    @dataclass(frozen=True)
-    class _Config(GenerationConfig):
-        tools: Any = None
-        tool_choice: Any = None
-        parallel_tool_calls: bool = True
-        response_format: Any = None
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            specs = normalize_tools(self.tools)
-            object.__setattr__(self, "tools", specs)
-            object.__setattr__(self, "tool_choice", normalize_tool_choice(self.tool_choice, specs))
-            fmt = normalize_response_format(self.response_format)
-            object.__setattr__(self, "response_format", fmt)
-
-    @dataclass(frozen=True)
-    class _Delta(Delta):
-        tool_calls: tuple = ()
-
-    Delta.tool_calls = ()  # the real engine's deltas, until they carry calls
-    _lc.GenerationConfig = _li.GenerationConfig = GenerationConfig = _Config
-    Delta = _Delta  # noqa: F811
-# ----------------------------------------------------------------------------------------------
+from core.tools import ToolCall, ToolCallStream, format_tool_call
 
 
 def call_text(name: str, arguments: dict) -> str:

@@ -8,11 +8,17 @@ run the real engine on the shipped models, whose grammar forces the calls and th
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from typing import Annotated
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
+from conftest import needs_trained
+from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
@@ -20,8 +26,15 @@ from pydantic import v1 as pydantic_v1
 from scripted import ScriptedEnsemble, call_text
 from typing_extensions import TypedDict
 
+from core.chat import normalize_messages, render_prompt
 from core.errors import InvalidConfigError
+from core.methods import METHOD_NAMES
+from core.testbed import make_problems, model_paths
 from langchain_ensemble import ChatEnsemble
+from langchain_ensemble.messages import to_engine_messages
+from langchain_ensemble.tools import openai_tools
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 # ---- tools of every kind LangChain accepts ---------------------------------------------------
@@ -342,6 +355,20 @@ def test_structured_output_include_raw_and_json_mode_without_a_schema(scripted):
     assert out["parsed"] is None and out["parsing_error"] is not None
 
 
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_a_structured_answer_cut_by_max_tokens_says_so(scripted, method):
+    """A JSON parser would read the truncated answer as a partial object."""
+    whole = call_text("Joke", JOKE) if method == "function_calling" else json.dumps(JOKE)
+    chat, _ = scripted(whole[:-12], cut=True)
+    structured = chat.with_structured_output(JokeDict, method=method)
+    with pytest.raises(OutputParserException, match="max_tokens"):
+        structured.invoke("joke")
+    with pytest.raises(OutputParserException, match="max_tokens"):
+        list(structured.stream("joke"))
+    out = chat.with_structured_output(JokeDict, method=method, include_raw=True).invoke("joke")
+    assert out["parsed"] is None and "max_tokens" in str(out["parsing_error"])
+
+
 def test_structured_output_rejects_bad_arguments_at_the_call(scripted):
     chat, _ = scripted()
     with pytest.raises(InvalidConfigError, match="method"):
@@ -359,3 +386,134 @@ def test_profile_says_tools_and_structured_output_work(scripted):
     profile = chat.profile
     for key in ("tool_calling", "tool_choice", "tool_call_streaming", "structured_output"):
         assert profile[key] is True
+
+
+# ---- the real engine, on the shipped models --------------------------------------------------
+METHODS = [m for m in METHOD_NAMES if importlib.util.find_spec(f"core.methods.{m}")]
+SHIPPED = [str(p) for p in model_paths()]
+QUESTION = "Tom has 7 apples. He buys 5 more. How many apples does Tom have now?"
+Small = Annotated[int, Field(ge=0, le=999)]
+
+
+class add_numbers(BaseModel):  # noqa: N801 (a tool's name)
+    """Add two whole numbers."""
+
+    a: Small
+    b: Small
+
+
+class weather(BaseModel):  # noqa: N801
+    """The weather in a city."""
+
+    city: Literal["Paris", "Lyon"]
+
+
+class Count(BaseModel):
+    """How many apples, in words and digits."""
+
+    apples: Small
+    unit: Literal["apples", "pears"]
+
+
+BOUNDED = {"add_numbers": add_numbers, "weather": weather}
+
+
+def _shipped(method: str, **fields) -> ChatEnsemble:
+    return ChatEnsemble(models=SHIPPED, method=method, device="cpu", **{"max_tokens": 96, **fields})
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_forced_calls_follow_their_schema_and_stream_as_invoked(method):
+    bound = _shipped(method).bind_tools([add_numbers, weather], tool_choice="any")
+    invoked = bound.invoke(QUESTION)
+    assert invoked.tool_calls and invoked.response_metadata["finish_reason"] == "tool_calls"
+    for call in invoked.tool_calls:
+        BOUNDED[call["name"]].model_validate(call["args"])  # raises if the args break the schema
+    streamed = _added(bound.stream(QUESTION))
+    calls = [(c["name"], c["args"]) for c in invoked.tool_calls]
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == calls
+    assert streamed.content == invoked.content
+    named = _shipped(method).bind_tools([add_numbers, weather], tool_choice="weather")
+    assert {c["name"] for c in named.invoke(QUESTION).tool_calls} == {"weather"}
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_a_real_call_cut_by_max_tokens_is_invalid_not_a_crash(method):
+    message = _shipped(method, max_tokens=2).bind_tools([add], tool_choice="add").invoke(QUESTION)
+    assert message.tool_calls == []
+    assert [c["name"] for c in message.invalid_tool_calls] == ["add"]
+    assert message.response_metadata["finish_reason"] == "length"
+
+
+HISTORY = [
+    HumanMessage(QUESTION),
+    AIMessage("", tool_calls=[{"name": "add_numbers", "args": {"a": 7, "b": 5}, "id": "c1"}]),
+    ToolMessage("31337", tool_call_id="c1"),
+]
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_history_with_calls_and_results_renders_for_every_member(method):
+    chat = _shipped(method, max_tokens=8)
+    assert isinstance(chat.bind_tools([add_numbers]).invoke(HISTORY), AIMessage)
+    tools = openai_tools([add_numbers])
+    messages = normalize_messages(to_engine_messages(HISTORY))
+    prompts = [render_prompt(m.tokenizer, messages, m.name, tools) for m in chat.ensemble.members]
+    assert len(set(prompts)) == len(prompts)  # each member its own template
+    for prompt in prompts:
+        assert "31337" in prompt and '"a": 7' in prompt and "add_numbers" in prompt
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_structured_output_is_valid_for_every_method(method):
+    chat = _shipped(method)
+    for how in ("json_schema", "function_calling", "json_mode"):
+        assert isinstance(chat.with_structured_output(Count, method=how).invoke(QUESTION), Count)
+    as_dict = chat.with_structured_output(Count.model_json_schema()).invoke(QUESTION)
+    Count.model_validate(as_dict)
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pydantic resolves the example's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_create_agent_sends_tools_with_the_response_format(scripted):
+    """create_agent picks its ProviderStrategy (the profile says structured output works): the
+    response_format reaches the engine together with the tools, every turn."""
+    agent_example = _example("langchain_agent")
+
+    def script(messages: list) -> str:
+        if messages[-1]["role"] == "tool":
+            return json.dumps({"value": int(messages[-1]["content"]), "confident": True})
+        return call_text("add", {"a": 7, "b": 5})
+
+    chat, engine = scripted(script)
+    agent = create_agent(chat, tools=[agent_example.add], response_format=agent_example.Answer)
+    state = agent.invoke({"messages": [{"role": "user", "content": QUESTION}]})
+    assert state["structured_response"] == agent_example.Answer(value=12, confident=True)
+    for _, config in engine.requests:
+        assert [t.name for t in config.tools] == ["add"]
+        assert set(config.response_format["properties"]) == {"value", "confident"}
+    assert engine.requests[1][0][-1] == {
+        "role": "tool",
+        "content": "12",
+        "tool_call_id": engine.requests[1][0][-2]["tool_calls"][0]["id"],
+        "name": "add",
+    }
+
+
+@needs_trained
+def test_the_agent_example_runs_to_a_structured_response():
+    agent_example = _example("langchain_agent")
+    question = make_problems(1, seed=3)[0].question  # the example's own question
+    state = agent_example.run(agent_example.make_agent("safe"), question)
+    assert isinstance(state["structured_response"], agent_example.Answer)
+    assert any(isinstance(m, ToolMessage) for m in state["messages"])  # it used a tool

@@ -8,18 +8,26 @@ tool-call parser (exact checks); the end-to-end tests run the real engine on the
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
+from conftest import needs_trained
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from scripted import ScriptedEnsemble, call_text
 
+from core import Ensemble
 from core.errors import InvalidConfigError
+from core.methods import METHOD_NAMES
+from core.testbed import model_paths
 from llamaindex_ensemble import EnsembleLLM
 
 
@@ -247,3 +255,85 @@ async def test_function_agent_completes_a_tool_loop(scripted):
     second = engine.requests[1][0]
     assert second[-2]["tool_calls"][0]["function"]["name"] == "add"
     assert second[-1]["role"] == "tool" and second[-1]["name"] == "add"
+
+
+# ---- the real engine, on the shipped models --------------------------------------------------
+METHODS = [m for m in METHOD_NAMES if importlib.util.find_spec(f"core.methods.{m}")]
+QUESTION = "Tom has 7 apples. He buys 5 more. How many apples does Tom have now?"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class Pair(BaseModel):
+    a: Annotated[int, Field(ge=0, le=999)]
+    b: Annotated[int, Field(ge=0, le=999)]
+
+
+class Fruit(BaseModel):
+    count: Annotated[int, Field(ge=0, le=999)]
+    kind: Literal["apples", "pears"]
+    note: Annotated[str, Field(max_length=10)]
+
+
+BOUNDED = [FunctionTool.from_defaults(fn=fn, fn_schema=Pair) for fn in (add, multiply)]
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pydantic resolves the example's annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+def _shipped(method: str) -> EnsembleLLM:
+    return EnsembleLLM(models=model_paths(), method=method, device="cpu", max_new_tokens=96)
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+def test_tool_required_forces_a_valid_call(method):
+    llm = _shipped(method)
+    response = llm.chat_with_tools(BOUNDED, user_msg=QUESTION, tool_required=True)
+    (selection,) = llm.get_tool_calls_from_response(response)  # parallel off: one call
+    assert selection.tool_name in {"add", "multiply"}
+    Pair.model_validate(selection.tool_kwargs)
+    assert response.raw["finish_reason"] == "tool_calls"
+    streamed = list(llm.stream_chat_with_tools(BOUNDED, user_msg=QUESTION, tool_required=True))
+    (again,) = llm.get_tool_calls_from_response(streamed[-1])
+    assert (again.tool_name, again.tool_kwargs) == (selection.tool_name, selection.tool_kwargs)
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+async def test_structured_predict_returns_a_valid_instance(method):
+    llm = _shipped(method)
+    prompt = PromptTemplate("{question} Answer as JSON.")
+    fruit = llm.structured_predict(Fruit, prompt, question=QUESTION)
+    assert isinstance(fruit, Fruit)
+    assert await llm.astructured_predict(Fruit, prompt, question=QUESTION) == fruit
+    assert list(llm.stream_structured_predict(Fruit, prompt, question=QUESTION))[-1] == fruit
+
+
+@needs_trained
+@pytest.mark.parametrize("method", METHODS)
+async def test_the_function_agent_example_completes_a_tool_loop(method):
+    agent_example = _example("llamaindex_function_agent")
+    agent = agent_example.make_agent(_shipped(method), first_tool="add")
+    answer, calls = await agent_example.solve(agent, QUESTION, echo=False)
+    assert calls and calls[0][0] == "add"
+    assert all(
+        output == str(sum(kwargs.values())) for name, kwargs, output in calls if name == "add"
+    )
+    assert isinstance(answer, str)
+
+
+@needs_trained
+def test_the_structured_output_example_gives_one_answer_three_ways():
+    example = _example("structured_output")
+    engine = Ensemble.from_pretrained(model_paths(), method="safe", device="cpu")
+    results = [
+        run(engine, QUESTION)
+        for run in (example.with_core, example.with_langchain, example.with_llamaindex)
+    ]
+    assert all(isinstance(r, example.Solution) for r in results)
+    assert results[0] == results[1] == results[2]  # the same prompt and grammar everywhere
