@@ -371,7 +371,8 @@ class _Run:
         if request.config.constraint is None:
             return None
         first = method.active[0]
-        first.sync(request.text)
+        if first.text != request.text:  # (a member holding part of a character keeps it)
+            first.sync(request.text)
         text = first.forced()
         if not text:
             return None

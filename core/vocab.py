@@ -265,7 +265,11 @@ def unite_union(
                 continue
             i = vocab.first_id(s)
             values.append(lp_cpu[i].item() if i is not None else float("-inf"))
-        rows.append(torch.softmax(torch.tensor(values), dim=0))
+        values = torch.tensor(values)
+        if bool(torch.isneginf(values).all()):  # none of the strings can come from this member
+            rows.append(torch.zeros_like(values))  # (a constrained row: none is allowed there)
+        else:
+            rows.append(torch.softmax(values, dim=0))
     return Aligned(strings, torch.stack(rows))
 
 

@@ -689,11 +689,12 @@ class Safe(Method):
         ids = index.extending(chosen.encode("utf-8"))
         ids = ids[index.spelled[ids]] if len(ids) else ids
         dummy_start = pos.boundary == 0 and drafter.vocab.dummy_prefix
-        if len(ids) and not dummy_start:
+        if len(ids) and not dummy_start and bool(torch.isfinite(pos.row[ids]).any()):
             masked = torch.full_like(pos.row, -math.inf)
             masked[ids] = pos.row[ids]
             token = sampler.pick(masked)
             return drafter.vocab.strings[token], token, 1
+        # no such token (or none a request's grammar allows): the string itself
         return chosen, None, max(1, len(drafter.vocab.encode(chosen)))
 
 

@@ -76,6 +76,13 @@ class TokenEnsemble(Method):
             rows = each(self.members, next_row)  # remote members answer concurrently
             aligned = self.aligner.align(self.members, rows)
             probs = combine(aligned.probs, self.aggregation, self.weights)
+            if float(probs.max()) <= 0:  # only part of a character is allowed next
+                commit = self._first_alone(request)
+                position += commit.tokens
+                yield commit
+                if commit.finish:
+                    return
+                continue
             chosen = aligned.strings[request.sampler.pick_probs(probs)]
             request.stats.ensembled += 1
             request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
@@ -84,6 +91,21 @@ class TokenEnsemble(Method):
                 yield Commit("", 1, "stop")  # the stop token is a generated token
                 return
             yield Commit(chosen, 1)
+
+    def _first_alone(self, request: Request) -> Commit:
+        """The grammar allows only tokens that spell part of a character (a character some
+        tokenizers write byte by byte): no string candidate exists, so the first member writes
+        that character alone, token by token, until its text ends on a whole character."""
+        member = self.members[0]
+        member.sync(request.text)
+        steps = 0
+        while steps < 4 and member.text == request.text:
+            draft = member.draft(1, request.sampler)
+            steps += 1
+            if draft.stopped or not draft.ids:
+                return Commit("", steps, "stop" if draft.stopped else "length")
+        request.stats.count("written_alone", steps)
+        return Commit(member.text[len(request.text) :], steps)
 
     def summary(self) -> dict:
         return {
