@@ -18,7 +18,16 @@ Decisions where the paper and the authors' code leave room (see the README for t
 - reward: the win rate without the authors' floor of one win, so feedback also works for K = 2
   (with the floor every K = 2 reward is 1 and the weights never move).
 - the weights are updated with the round's reward before the vote (as in the authors' code);
-  eta_t = lr * sqrt(1/K) / t, t counting rounds since the weights were last reset.
+  eta_t = lr * sqrt(1/K) / t, t counting the updates since the weights were last reset (a round
+  where every drafter wrote the same text has nothing to learn from: no update, t stays).
+- drafts continue the request's own decoding (greedy by default); `preset="paper"` samples them
+  as the authors' code does (temperature 0.6, top-p 0.9), seeded by the request's seed.
+- a round whose drafts reach the token cap is committed uncut (the cap ends the text there
+  anyway; cutting would only add rounds).
+- "won/<member>" counts rounds whose candidates were verified; a round where every drafter wrote
+  the same text is counted as "consensus" and credits no one.
+- the learnable state (weights and t) is one `Feedback` object: requests share the method's
+  (`persist_weights=True`) or each starts a fresh one, so the method keeps no per-request state.
 """
 
 from __future__ import annotations
@@ -26,16 +35,21 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..config import GenerationConfig
 from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
+from ..member import Member
 from ..parallel import each
+from ..sampling import Sampler
 from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
+# Drafting as the authors' code does it (temperature 0.6, top-p 0.9: `Speculative_generate`).
+PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9}}
 
 
 # --- pure pieces (unit-testable without a model) ---------------------------------------------
@@ -102,6 +116,31 @@ def hedge(weights: torch.Tensor, rewards: torch.Tensor, lr: float, t: int) -> to
     return updated / updated.sum()
 
 
+@dataclass
+class Feedback:
+    """SpecEM's learnable state: the voting weights and how many updates their learning-rate
+    schedule has made (eta_t = lr * sqrt(1/K) / t, t = updates so far)."""
+
+    weights: torch.Tensor
+    t: int = 0
+
+    @classmethod
+    def uniform(cls, k: int) -> Feedback:
+        return cls(torch.full((k,), 1.0 / k, dtype=torch.float64))
+
+    def update(self, rewards: torch.Tensor, lr: float) -> None:
+        self.t += 1
+        self.weights = hedge(self.weights, rewards, lr, self.t)
+
+    def reset(self) -> None:
+        """Uniform again, schedule back at its start (in place: every holder sees it)."""
+        self.weights = torch.full_like(self.weights, 1.0 / self.weights.shape[0])
+        self.t = 0
+
+    def named(self, names: Sequence[str]) -> dict[str, float]:
+        return {n: float(w) for n, w in zip(names, self.weights, strict=True)}
+
+
 # --- the method --------------------------------------------------------------------------------
 
 
@@ -109,7 +148,7 @@ def hedge(weights: torch.Tensor, rewards: torch.Tensor, lr: float, t: int) -> to
 class _Candidate:
     text: str
     ended: bool
-    authors: list[int]  # drafter positions (in self.drafters) that produced this candidate
+    authors: list[int] = field(default_factory=list)  # drafter positions (in self.drafters)
 
 
 class SpecEM(Method):
@@ -117,7 +156,9 @@ class SpecEM(Method):
     verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off), `lr`,
     `persist_weights` (keep the weights and the eta schedule across requests until
     `reset_weights()`), `reuse_cache` (False drops every cache before drafting and before
-    verifying: the authors' cost profile, kept as the benchmark baseline).
+    verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
+    and `draft_top_p` (drafts decoded with these instead of the request's settings), `preset`
+    ("paper": the authors' draft sampling, temperature 0.6 and top-p 0.9).
 
     Cost per round and member: up to L one-token draft steps plus ONE verification pass over the
     distinct candidates; a round where every drafter wrote the same text skips verification."""
@@ -135,8 +176,17 @@ class SpecEM(Method):
         lr: float = 1.0,
         persist_weights: bool = False,
         reuse_cache: bool = True,
+        draft_temperature: float | None = None,
+        draft_top_p: float | None = None,
+        preset: str | None = None,
     ) -> None:
         super().__init__(members)
+        if preset is not None:
+            check_choice("preset", preset, tuple(PRESETS))
+            given = {"draft_temperature": draft_temperature, "draft_top_p": draft_top_p}
+            given = {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
+            draft_temperature, draft_top_p = given["draft_temperature"], given["draft_top_p"]
+        _check_draft_decoding(draft_temperature, draft_top_p)
         if isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int):
             raise InvalidConfigError(
                 f"segment_tokens must be a positive integer, got {segment_tokens!r}; "
@@ -174,30 +224,34 @@ class SpecEM(Method):
         self.lr = float(lr)
         self.persist_weights = bool(persist_weights)
         self.reuse_cache = bool(reuse_cache)
-        self.reset_weights()
+        self.preset = preset
+        self.draft_temperature, self.draft_top_p = draft_temperature, draft_top_p
+        self.learned = Feedback.uniform(len(self.members))  # shared by requests that persist
 
     # --- weights ---------------------------------------------------------------------------
 
     @property
-    def weights(self) -> dict[str, float]:
-        return {m.name: float(w) for m, w in zip(self.members, self._weights, strict=True)}
+    def weights(self) -> dict[str, float] | None:
+        """The weights carried from request to request (`persist_weights=True`); None when
+        every request starts uniform (its learned weights are in its `stats.weights`)."""
+        if not self.persist_weights:
+            return None
+        return self.learned.named([m.name for m in self.members])
 
     def reset_weights(self) -> None:
         """Uniform weights, and the learning-rate schedule starts again at t = 1."""
-        k = len(self.members)
-        self._weights = torch.full((k,), 1.0 / k, dtype=torch.float64)
-        self._t = 0
+        self.learned.reset()
 
     # --- one request -----------------------------------------------------------------------
 
     def run(self, request: Request) -> Iterator[Commit]:
-        if not self.persist_weights:
-            self.reset_weights()
+        state = self.learned if self.persist_weights else Feedback.uniform(len(self.members))
         names = [m.name for m in self.members]
+        sampler = self._draft_sampler(request)
+        request.stats.weights = state.named(names)
         round_ = 0
         while request.remaining > 0:
             round_ += 1
-            self._t += 1
             request.stats.count("rounds")
             base = request.text
             for member in self.members:
@@ -205,52 +259,13 @@ class SpecEM(Method):
                 if not self.reuse_cache:
                     member.drop_cache()
             before = [m.n_tokens for m in self.members]
-            candidates = self._draft(request)
-            request.emit(
-                SegmentCandidates(
-                    round_,
-                    {names[self.drafters[a]]: c.text for c in candidates for a in c.authors},
-                )
-            )
+            candidates = self._draft(request, sampler)
+            drafted = {names[self.drafters[a]]: c.text for c in candidates for a in c.authors}
+            request.emit(SegmentCandidates(round_, drafted))
             if not candidates:  # nobody could add text (context windows full)
                 yield Commit("", 0, "length")
                 return
-            if len(candidates) == 1:  # every drafter wrote the same: nothing to vote on
-                request.stats.count("consensus")
-                shares = torch.ones(len(self.members), 1, dtype=torch.float64)
-            else:
-                request.stats.ensembled += 1
-                shares = self._verify(base, candidates)
-            # one column per drafter that wrote something (duplicates share their column)
-            columns = [(a, c) for c, cand in enumerate(candidates) for a in cand.authors]
-            columns.sort()
-            matrix = shares[:, [c for _, c in columns]]
-            authors = [self.drafters[a] for a, _ in columns]
-            if self.feedback and len(candidates) > 1:
-                rewards = win_rates(matrix, authors)
-                self._weights = hedge(self._weights, rewards, self.lr, self._t)
-                request.emit(
-                    WeightsUpdated(
-                        round_, self.weights, dict(zip(names, rewards.tolist(), strict=True))
-                    )
-                )
-            totals = (self._weights[:, None] * shares).sum(0).tolist()
-            best = max(range(len(candidates)), key=lambda c: (totals[c], -c))  # ties: first
-            chosen = candidates[best]
-            winner = self.members[self.drafters[chosen.authors[0]]]
-            request.stats.count(f"won/{winner.name}")
-            request.emit(
-                SegmentSelected(
-                    round_,
-                    winner.name,
-                    chosen.text,
-                    {
-                        names[v]: {names[d]: float(matrix[v, j]) for j, d in enumerate(authors)}
-                        for v in range(len(self.members))
-                    },
-                    self.weights,
-                )
-            )
+            chosen, winner = self._select(request, round_, base, candidates, state)
             # The winner keeps its own draft tokens: sync finds them still spelling the text.
             winner.sync(base + chosen.text)
             tokens = max(winner.n_tokens - before[self.members.index(winner)], 0)
@@ -259,20 +274,76 @@ class SpecEM(Method):
                 return
             yield Commit(chosen.text, max(tokens, 1))
 
-    def _draft(self, request: Request) -> list[_Candidate]:
+    def _select(
+        self,
+        request: Request,
+        round_: int,
+        base: str,
+        candidates: list[_Candidate],
+        state: Feedback,
+    ) -> tuple[_Candidate, Member]:
+        """Verify the candidates, learn from the scores, vote: the round's winning candidate
+        and the member that drafted it (the first of its authors)."""
+        names = [m.name for m in self.members]
+        verified = len(candidates) > 1
+        if verified:
+            request.stats.ensembled += 1
+            shares = self._verify(base, candidates)
+        else:  # every drafter wrote the same: nothing to vote on
+            request.stats.count("consensus")
+            shares = torch.ones(len(self.members), 1, dtype=torch.float64)
+        # one column per drafter that wrote something (duplicates share their column)
+        columns = sorted((a, c) for c, cand in enumerate(candidates) for a in cand.authors)
+        matrix = shares[:, [c for _, c in columns]]
+        authors = [self.drafters[a] for a, _ in columns]
+        if self.feedback and verified:
+            rewards = win_rates(matrix, authors)
+            state.update(rewards, self.lr)
+            rewarded = dict(zip(names, rewards.tolist(), strict=True))
+            request.emit(WeightsUpdated(round_, state.named(names), rewarded))
+        request.stats.weights = state.named(names)
+        totals = (state.weights[:, None] * shares).sum(0).tolist()
+        chosen = candidates[max(range(len(candidates)), key=lambda c: (totals[c], -c))]
+        winner = self.members[self.drafters[chosen.authors[0]]]
+        if verified:
+            request.stats.count(f"won/{winner.name}")
+        scores = {
+            names[v]: {names[d]: float(matrix[v, j]) for j, d in enumerate(authors)}
+            for v in range(len(self.members))
+        }
+        request.emit(SegmentSelected(round_, winner.name, chosen.text, scores, state.named(names)))
+        return chosen, winner
+
+    def _draft_sampler(self, request: Request) -> Sampler:
+        """The request's own sampler, or one with the draft decoding options (seeded by the
+        request's seed, so a seeded request drafts the same way every time)."""
+        if self.draft_temperature is None and self.draft_top_p is None:
+            return request.sampler
+        config = request.config
+        temperature = self.draft_temperature
+        top_p = self.draft_top_p
+        return Sampler(
+            GenerationConfig(
+                temperature=config.temperature if temperature is None else temperature,
+                top_p=config.top_p if top_p is None else top_p,
+                seed=config.seed,
+            )
+        )
+
+    def _draft(self, request: Request, sampler: Sampler) -> list[_Candidate]:
         """Each drafter continues the committed text; distinct candidates in drafter order."""
         limit = min(self.segment_tokens, request.remaining)
         final = request.remaining <= self.segment_tokens  # the cap ends the text here anyway
         found: dict[tuple[str, bool], _Candidate] = {}
         drafters = [self.members[i] for i in self.drafters]
-        drafts = each(drafters, lambda m, s: m.draft(limit, s), request.sampler)
+        drafts = each(drafters, lambda m, s: m.draft(limit, s), sampler)
         for a, (member, draft) in enumerate(zip(drafters, drafts, strict=True)):
             text = member.text[len(request.text) :]
             if not (draft.stopped or final or len(draft.ids) < limit):
                 text = text[: clean_cut(text)]
             if not text and not draft.stopped:
                 continue  # no progress (a window is full, or only part of a character)
-            found.setdefault((text, draft.stopped), _Candidate(text, draft.stopped, []))
+            found.setdefault((text, draft.stopped), _Candidate(text, draft.stopped))
             found[text, draft.stopped].authors.append(a)
         return list(found.values())
 
@@ -300,7 +371,26 @@ class SpecEM(Method):
             "lr": self.lr,
             "persist_weights": self.persist_weights,
             "reuse_cache": self.reuse_cache,
+            "preset": self.preset,
+            "draft_temperature": self.draft_temperature,
+            "draft_top_p": self.draft_top_p,
         }
+
+
+def _check_draft_decoding(temperature: float | None, top_p: float | None) -> None:
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if temperature is not None and not (number(temperature) and 0 <= temperature < math.inf):
+        raise InvalidConfigError(
+            f"draft_temperature={temperature!r} must be None (the request's own temperature) "
+            "or a number >= 0 (0 = greedy drafts); preset='paper' uses 0.6."
+        )
+    if top_p is not None and not (number(top_p) and 0 < top_p <= 1):
+        raise InvalidConfigError(
+            f"draft_top_p={top_p!r} must be None (the request's own top_p) or a number in "
+            "(0, 1]; preset='paper' uses 0.9."
+        )
 
 
 METHOD = SpecEM
