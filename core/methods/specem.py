@@ -181,12 +181,7 @@ class SpecEM(Method):
         preset: str | None = None,
     ) -> None:
         super().__init__(members)
-        if preset is not None:
-            check_choice("preset", preset, tuple(PRESETS))
-            given = {"draft_temperature": draft_temperature, "draft_top_p": draft_top_p}
-            given = {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
-            draft_temperature, draft_top_p = given["draft_temperature"], given["draft_top_p"]
-        _check_draft_decoding(draft_temperature, draft_top_p)
+        draft_temperature, draft_top_p = _draft_decoding(preset, draft_temperature, draft_top_p)
         if isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int):
             raise InvalidConfigError(
                 f"segment_tokens must be a positive integer, got {segment_tokens!r}; "
@@ -203,21 +198,7 @@ class SpecEM(Method):
                 )
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
             raise InvalidConfigError(f"lr must be a positive number, got {lr!r}; e.g. lr=1.0.")
-        if drafters is None:
-            self.drafters = list(range(len(self.members)))
-        else:
-            if isinstance(drafters, (str, int)):
-                raise InvalidConfigError(
-                    f"drafters must be a list of member indices or names, got {drafters!r}."
-                )
-            self.drafters = [pick_member(self.members, d, "drafters") for d in drafters]
-            if len(set(self.drafters)) != len(self.drafters):
-                raise InvalidConfigError(f"drafters lists a member twice: {list(drafters)!r}.")
-        if len(self.drafters) < 2:
-            raise InvalidConfigError(
-                "SpecEM picks among drafts, so drafters needs at least 2 members; pass more, "
-                "or use method='single'."
-            )
+        self.drafters = _drafters(self.members, drafters)
         self.segment_tokens = segment_tokens
         self.scoring = score
         self.feedback = bool(feedback)
@@ -377,7 +358,37 @@ class SpecEM(Method):
         }
 
 
-def _check_draft_decoding(temperature: float | None, top_p: float | None) -> None:
+def _drafters(members: Sequence, drafters: Sequence[int | str] | None) -> list[int]:
+    """The drafting members' indices (every member by default)."""
+    if drafters is None:
+        chosen = list(range(len(members)))
+    else:
+        if isinstance(drafters, (str, int)):
+            raise InvalidConfigError(
+                f"drafters must be a list of member indices or names, got {drafters!r}."
+            )
+        chosen = [pick_member(members, d, "drafters") for d in drafters]
+        if len(set(chosen)) != len(chosen):
+            raise InvalidConfigError(f"drafters lists a member twice: {list(drafters)!r}.")
+    if len(chosen) < 2:
+        raise InvalidConfigError(
+            "SpecEM picks among drafts, so drafters needs at least 2 members; pass more, "
+            "or use method='single'."
+        )
+    return chosen
+
+
+def _draft_decoding(
+    preset: str | None, temperature: float | None, top_p: float | None
+) -> tuple[float | None, float | None]:
+    """The drafts' temperature and top-p: each given option, else the preset's, else None (the
+    request's own setting)."""
+    if preset is not None:
+        check_choice("preset", preset, tuple(PRESETS))
+        given = {"draft_temperature": temperature, "draft_top_p": top_p}
+        given = {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
+        temperature, top_p = given["draft_temperature"], given["draft_top_p"]
+
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -391,6 +402,7 @@ def _check_draft_decoding(temperature: float | None, top_p: float | None) -> Non
             f"draft_top_p={top_p!r} must be None (the request's own top_p) or a number in "
             "(0, 1]; preset='paper' uses 0.9."
         )
+    return temperature, top_p
 
 
 METHOD = SpecEM
