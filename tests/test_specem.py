@@ -219,17 +219,17 @@ def test_streamed_segments_join_exactly(nonstop, members):
     assert set(out.stats.weights) == {m.name for m in ens.members}
 
 
-def _replay(out, w: torch.Tensor, t: int, lr: float) -> tuple[torch.Tensor, int]:
-    """Check every weight update of a request against Hedge from (w, t), t counting updates;
-    returns the weights and t after it."""
+def _replay(out, w: torch.Tensor, t: int, lr: float, rounds=False) -> tuple[torch.Tensor, int]:
+    """Check every weight update of a request against Hedge from (w, t), t counting updates
+    (or rounds); returns the weights and t after it."""
     updates = _events(out, WeightsUpdated)
     for selected in _events(out, SegmentSelected):
         update = next((u for u in updates if u.round == selected.round), None)
+        t += 1 if update is not None or rounds else 0
         if update is None:  # every drafter wrote the same: nothing to learn
             continue
         rewards = win_rates(_matrix(selected), _authors(selected))
         assert list(update.rewards.values()) == pytest.approx(rewards.tolist())
-        t += 1
         w = hedge(w, rewards, lr=lr, t=t)
         assert list(update.weights.values()) == pytest.approx(w.tolist())
         assert selected.weights == update.weights
@@ -324,6 +324,7 @@ def test_token_cap_counts_the_winners_tokens(nonstop):
         ({"preset": "authors"}, "preset="),
         ({"draft_temperature": -0.5}, "draft_temperature="),
         ({"draft_top_p": 0}, "draft_top_p="),
+        ({"schedule": "steps"}, "schedule="),
         ({"window": 10}, "unknown option"),
     ],
 )
@@ -351,21 +352,25 @@ def test_learned_state_is_shared_by_copies_and_kept_only_when_persisting(nonstop
 # --- the shipped models (behaviour) ------------------------------------------------------------
 
 
-def test_schedule_counts_updates_and_wins_count_verified_rounds(make_ensemble):
+@pytest.mark.parametrize("schedule", ["updates", "rounds"])
+def test_schedule_and_wins_on_rounds_without_an_update(make_ensemble, schedule):
     """Rounds where every drafter wrote the same text update nothing and credit nobody: the
-    learning-rate schedule's t counts updates (checked across persisted requests, after such
-    rounds), and the wins add up to the verified rounds."""
-    ens = make_ensemble("specem", persist_weights=True, lr=2.0)
-    w, t, skipped = torch.full((3,), 1 / 3, dtype=torch.float64), 0, 0
+    learning-rate schedule's t counts updates (or, schedule="rounds" as in the authors' code,
+    every round; checked across persisted requests, after such rounds), and the wins add up to
+    the verified rounds."""
+    ens = make_ensemble("specem", persist_weights=True, lr=2.0, schedule=schedule)
+    w, t, skipped, rounds = torch.full((3,), 1 / 3, dtype=torch.float64), 0, 0, 0
     for problem in make_problems(6, seed=7, form="cot"):
         out = ens.generate(problem.messages, max_new_tokens=80)
-        w, t = _replay(out, w, t, lr=2.0)
+        w, t = _replay(out, w, t, lr=2.0, rounds=schedule == "rounds")
         counts = out.stats.counts
         won = sum(v for k, v in counts.items() if k.startswith("won/"))
         assert won == out.stats.ensembled == counts["rounds"] - counts.get("consensus", 0)
         skipped += counts.get("consensus", 0)
+        rounds += counts["rounds"]
     assert skipped > 0  # rounds without an update came before later updates
-    assert ens.method.learned.t == t and list(ens.weights.values()) == pytest.approx(w.tolist())
+    assert ens.method.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
+    assert list(ens.weights.values()) == pytest.approx(w.tolist())
 
 
 def test_paper_preset_samples_drafts_reproducibly_with_a_seed(make_ensemble):
@@ -374,6 +379,10 @@ def test_paper_preset_samples_drafts_reproducibly_with_a_seed(make_ensemble):
     paper = make_ensemble("specem", preset="paper")
     summary = paper.summary()
     assert (summary["draft_temperature"], summary["draft_top_p"]) == (0.6, 0.9)
+    assert summary["schedule"] == "rounds"
+    assert make_ensemble("specem", preset="paper", schedule="updates").summary()["schedule"] == (
+        "updates"
+    )
     problem = make_problems(1, seed=7, form="cot")[0]
 
     def drafts(seed=None, ens=paper):

@@ -20,8 +20,11 @@ Decisions where the paper and the authors' code leave room (see the README for t
 - the weights are updated with the round's reward before the vote (as in the authors' code);
   eta_t = lr * sqrt(1/K) / t, t counting the updates since the weights were last reset (a round
   where every drafter wrote the same text has nothing to learn from: no update, t stays).
-- drafts continue the request's own decoding (greedy by default); `preset="paper"` samples them
-  as the authors' code does (temperature 0.6, top-p 0.9), seeded by the request's seed.
+  `schedule="rounds"`: t counts rounds, as in the authors' code, which verifies identical
+  drafts too (their rewards are all equal: an update that moves nothing but t).
+- drafts continue the request's own decoding (greedy by default).
+- `preset="paper"` follows the authors' code on both: drafts sampled at temperature 0.6 and
+  top-p 0.9 (seeded by the request's seed), and schedule="rounds".
 - a round whose drafts reach the token cap is committed uncut (the cap ends the text there
   anyway; cutting would only add rounds).
 - "won/<member>" counts rounds whose candidates were verified; a round where every drafter wrote
@@ -49,7 +52,8 @@ from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
 # Drafting as the authors' code does it (temperature 0.6, top-p 0.9: `Speculative_generate`).
-PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9}}
+PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9, "schedule": "rounds"}}
+SCHEDULES = ("updates", "rounds")  # what t counts in eta_t = lr * sqrt(1/K) / t
 
 
 # --- pure pieces (unit-testable without a model) ---------------------------------------------
@@ -132,6 +136,10 @@ class Feedback:
         self.t += 1
         self.weights = hedge(self.weights, rewards, lr, self.t)
 
+    def tick(self) -> None:
+        """A round that moves only the schedule (schedule="rounds": identical drafts)."""
+        self.t += 1
+
     def reset(self) -> None:
         """Uniform again, schedule back at its start (in place: every holder sees it)."""
         self.weights = torch.full_like(self.weights, 1.0 / self.weights.shape[0])
@@ -157,8 +165,9 @@ class SpecEM(Method):
     `persist_weights` (keep the weights and the eta schedule across requests until
     `reset_weights()`), `reuse_cache` (False drops every cache before drafting and before
     verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
-    and `draft_top_p` (drafts decoded with these instead of the request's settings), `preset`
-    ("paper": the authors' draft sampling, temperature 0.6 and top-p 0.9).
+    and `draft_top_p` (drafts decoded with these instead of the request's settings),
+    `schedule` ("updates" | "rounds": what t counts in eta_t), `preset` ("paper": the authors'
+    code's draft sampling, temperature 0.6 and top-p 0.9, and schedule="rounds").
 
     Cost per round and member: up to L one-token draft steps plus ONE verification pass over the
     distinct candidates; a round where every drafter wrote the same text skips verification."""
@@ -178,10 +187,12 @@ class SpecEM(Method):
         reuse_cache: bool = True,
         draft_temperature: float | None = None,
         draft_top_p: float | None = None,
+        schedule: str | None = None,
         preset: str | None = None,
     ) -> None:
         super().__init__(members)
-        draft_temperature, draft_top_p = _draft_decoding(preset, draft_temperature, draft_top_p)
+        chosen = _preset_options(preset, draft_temperature, draft_top_p, schedule)
+        draft_temperature, draft_top_p, schedule = chosen
         if isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int):
             raise InvalidConfigError(
                 f"segment_tokens must be a positive integer, got {segment_tokens!r}; "
@@ -207,6 +218,7 @@ class SpecEM(Method):
         self.reuse_cache = bool(reuse_cache)
         self.preset = preset
         self.draft_temperature, self.draft_top_p = draft_temperature, draft_top_p
+        self.schedule = schedule
         self.learned = Feedback.uniform(len(self.members))  # shared by requests that persist
 
     # --- weights ---------------------------------------------------------------------------
@@ -282,6 +294,8 @@ class SpecEM(Method):
             state.update(rewards, self.lr)
             rewarded = dict(zip(names, rewards.tolist(), strict=True))
             request.emit(WeightsUpdated(round_, state.named(names), rewarded))
+        elif self.feedback and self.schedule == "rounds":
+            state.tick()
         request.stats.weights = state.named(names)
         totals = (state.weights[:, None] * shares).sum(0).tolist()
         chosen = candidates[max(range(len(candidates)), key=lambda c: (totals[c], -c))]
@@ -355,6 +369,7 @@ class SpecEM(Method):
             "preset": self.preset,
             "draft_temperature": self.draft_temperature,
             "draft_top_p": self.draft_top_p,
+            "schedule": self.schedule,
         }
 
 
@@ -378,16 +393,19 @@ def _drafters(members: Sequence, drafters: Sequence[int | str] | None) -> list[i
     return chosen
 
 
-def _draft_decoding(
-    preset: str | None, temperature: float | None, top_p: float | None
-) -> tuple[float | None, float | None]:
-    """The drafts' temperature and top-p: each given option, else the preset's, else None (the
-    request's own setting)."""
+def _preset_options(
+    preset: str | None, temperature: float | None, top_p: float | None, schedule: str | None
+) -> tuple[float | None, float | None, str]:
+    """The drafts' temperature and top-p and the schedule: each given option, else the
+    preset's, else the default (the request's own decoding; t counting updates)."""
+    given = {"draft_temperature": temperature, "draft_top_p": top_p, "schedule": schedule}
+    chosen = {"draft_temperature": None, "draft_top_p": None, "schedule": "updates"}
     if preset is not None:
         check_choice("preset", preset, tuple(PRESETS))
-        given = {"draft_temperature": temperature, "draft_top_p": top_p}
-        given = {**PRESETS[preset], **{k: v for k, v in given.items() if v is not None}}
-        temperature, top_p = given["draft_temperature"], given["draft_top_p"]
+        chosen |= PRESETS[preset]
+    chosen |= {k: v for k, v in given.items() if v is not None}
+    temperature, top_p, schedule = chosen.values()
+    check_choice("schedule", schedule, SCHEDULES)
 
     def number(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -402,7 +420,7 @@ def _draft_decoding(
             f"draft_top_p={top_p!r} must be None (the request's own top_p) or a number in "
             "(0, 1]; preset='paper' uses 0.9."
         )
-    return temperature, top_p
+    return temperature, top_p, schedule
 
 
 METHOD = SpecEM
