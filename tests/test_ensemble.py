@@ -98,7 +98,7 @@ def test_one_instance_shared_between_threads(tiny_members):
 
 
 async def test_async_stream_does_not_block_the_loop(tiny_members):
-    ens = Ensemble(tiny_members, "token", aggregator="gac")
+    ens = Ensemble(tiny_members, "token", aggregator="gac", gate=None)  # every member, every step
     ticks = 0
     done = asyncio.Event()
 
