@@ -52,7 +52,8 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
 
 Two extensions sit beside the paper's loop, both off by default:
 - `heal=True` (or "oov"): read a verifier by text where its tokens and the drafter's do not line
-  up (`safe_heal.py`, behind a four-call hook).
+  up (`safe_heal.py`, behind one per-cycle object: where a verifier's tokens sit, whether a
+  position is read by text, the extra rows that needs, and the readings).
 - `max_lookahead`: a draft that stands whole (no position replaced) doubles the next draft's
   length, up to `max_lookahead`, and any replacement brings it back to `lookahead`: fewer
   cycles, so fewer verifier passes (each costs one forward call whatever its length) where the
