@@ -335,6 +335,8 @@ class Safe(Method):
         chosen, event = self._ensemble(cycle, j, pos, at)
         cycle.request.emit(event)
         cycle.request.stats.ensembled += 1
+        if chosen is None:  # kept: no whole string was allowed in its place
+            return None
         if chosen == EOS:
             return Commit(cycle.head(pos), tokens + 1, "stop")
         piece, token, count = self._to_drafter(chosen, pos, cycle.request.sampler)
@@ -384,7 +386,8 @@ class Safe(Method):
     # --- the ensemble and the drafter's continuation ----------------------------------------
 
     def _ensemble(self, cycle: _Cycle, j: int, pos: _Position, at: int):
-        """P_ens over aligned candidate strings at position j, sharpened if overly smooth."""
+        """P_ens over aligned candidate strings at position j, sharpened if overly smooth; the
+        choice is None where no candidate has any probability (see below)."""
         order = [self.drafter, *cycle.views]  # drafter first, then verifiers
         rows = {self.drafter: pos.row}
         for i, view in cycle.views.items():
@@ -404,6 +407,9 @@ class Safe(Method):
             matrix, self.sharpening, strings, eligible, donors, threshold=self.threshold
         )
         sampler = cycle.request.sampler
+        if float(scores.max()) <= 0:  # a grammar allows only part of a character here: no
+            top = top_candidates(strings, scores)  # string can stand in for the drafted token
+            return None, EnsemblePoint(at, pos.string, pos.string, top, fired)
         pick = int(torch.argmax(scores)) if sampler.greedy else sampler.pick_probs(scores)
         chosen = strings[pick]
         return chosen, EnsemblePoint(at, pos.string, chosen, top_candidates(strings, scores), fired)
