@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runs behind the README's tables, each ONE `llm-ensembling bench` run (configurations
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
-#   bench/readme_tables.sh [main|safe|kv|remote|all]      (CPU; ~1.5 h for all on 2 cores)
+#   bench/readme_tables.sh [main|safe|kv|remote|departures|all]   (CPU; ~2 h for all on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BENCH=${BENCH:-.venv/bin/llm-ensembling bench}
@@ -78,11 +78,48 @@ remote() {  # members on vLLM servers against in-process, with and without prefi
   done
 }
 
+departures2() {  # docs/departures.md: SAFE's three rules one by one and together (the authors'
+  # released code: preset=authors), the token baselines as published against the variants run
+  # before; two members, both drafter orders
+  local configs=() order name m
+  for order in "bpe:0+1" "spm:1+0"; do
+    name=${order%%:*}; m=members=${order#*:}
+    configs+=(--config "safe[$name] library rules=safe:$m")
+    configs+=(--config "safe[$name] authors rules=safe:$m,preset=authors")
+    configs+=(--config "safe[$name] stop read as text=safe:$m,stop_check=text")
+    configs+=(--config "safe[$name] remap as aligned=safe:$m,remap=as-aligned")
+    configs+=(--config "safe[$name] nonblank sub-token=safe:$m,subtoken=nonblank")
+    configs+=(--config "safe[$name] gac library rules=safe:$m,aggregator=gac")
+    configs+=(--config "safe[$name] gac authors rules=safe:$m,aggregator=gac,preset=authors")
+    configs+=(--config "token[$name] unite=token:$m")
+    configs+=(--config "token[$name] unite first sub-token=token:$m,subtoken=first")
+    configs+=(--config "token[$name] gac=token:$m,aggregator=gac")
+    configs+=(--config "token[$name] gac every token=token:$m,aggregator=gac,gate=none")
+  done
+  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/departures" \
+    --model "$MODELS/tb-gpt2-bpe" --model "$MODELS/tb-qwen2-spm" --methods single \
+    "${configs[@]}"
+}
+
+departures3() {  # docs/departures.md: the token baselines and SpecEM's choices, three members
+  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/departures-3" --methods single \
+    --config "token unite=token" --config "token unite first sub-token=token:subtoken=first" \
+    --config "token gac=token:aggregator=gac" \
+    --config "token gac every token=token:aggregator=gac,gate=none" \
+    --config "specem=specem" --config "specem paper preset=specem:preset=paper" \
+    --config "specem paper drafts=specem:draft_temperature=0.6,draft_top_p=0.9" \
+    --config "specem t counts rounds=specem:schedule=rounds" \
+    --config "specem logit score=specem:score=logit" \
+    --config "specem prob score=specem:score=prob" \
+    --config "specem no feedback=specem:feedback=false"
+}
+
 case "${1:-all}" in
   main) main ;;
   safe) safe ;;
   kv) kv ;;
   remote) remote ;;
-  all) main; safe; kv; remote ;;
-  *) echo "usage: $0 [main|safe|kv|remote|all]" >&2; exit 2 ;;
+  departures) departures2; departures3 ;;
+  all) main; safe; kv; remote; departures2; departures3 ;;
+  *) echo "usage: $0 [main|safe|kv|remote|departures|all]" >&2; exit 2 ;;
 esac

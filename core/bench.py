@@ -351,7 +351,8 @@ def served_twins(setups: list[Setup], n_local: int) -> list[Setup]:
 
 
 def details(row: dict) -> str:
-    """What a method did, in a few words: SAFE's skip reasons, SpecEM's rounds and winners."""
+    """What a method did, in a few words: skip reasons (SAFE, gated GaC), SpecEM's rounds and
+    the share of verified rounds each member won."""
     counts, tokens = row["counts"], max(row["tokens"], 1)
     if any(key.startswith("skip_") for key in counts):
         skips = [
@@ -365,7 +366,8 @@ def details(row: dict) -> str:
             ((k.removeprefix("won/"), v) for k, v in counts.items() if k.startswith("won/")),
             key=lambda kv: -kv[1],
         )
-        won = ", ".join(f"{name} {100 * v / max(rounds, 1):.0f} %" for name, v in wins)
+        verified = sum(v for _, v in wins)  # wins count verified rounds only
+        won = ", ".join(f"{name} {100 * v / max(verified, 1):.0f} %" for name, v in wins)
         return (
             f"{rounds / max(row['problems'], 1):.1f} rounds/problem, verified "
             f"{100 * row['ensemble_rate'] * tokens / max(rounds, 1):.0f} %; won: {won}"
@@ -497,7 +499,9 @@ def run(
         order = setups[index % len(setups) :] + setups[: index % len(setups)]
         sample = {"problem": index}
         for setup in order:
-            seeded = config if config.greedy else replace(config, seed=seed + index)
+            # one seed per problem: sampled rows (and methods that sample inside a greedy
+            # request, e.g. SpecEM's preset="paper" drafts) are reproducible
+            seeded = replace(config, seed=seed + index)
             record, text = _run_one(
                 ensembles[setup.label], messages, seeded, check if with_accuracy else None
             )

@@ -87,7 +87,6 @@ class Ensemble:
         limit = max_concurrency or default_concurrency(self.members)
         queue = 4 * limit if max_queue is None else max_queue
         self.admission = Admission(limit, queue, queue_timeout)
-        self._weights: dict[str, float] | None = None  # the last finished request's
 
     @classmethod
     def from_pretrained(
@@ -219,19 +218,16 @@ class Ensemble:
 
     @property
     def weights(self) -> dict[str, float] | None:
-        """Voting weights, for methods that learn them (SpecEM): the persisted ones, or those
-        the last finished request ended with."""
+        """Voting weights carried from request to request, for methods that learn them (SpecEM
+        with `persist_weights=True`); each request's own are in its `stats.weights`."""
         weights = getattr(self.method, "weights", None)
-        if getattr(self.method, "persist_weights", False) or self._weights is None:
-            return dict(weights) if isinstance(weights, dict) else None
-        return dict(self._weights)
+        return dict(weights) if isinstance(weights, dict) else None
 
     def reset_weights(self) -> None:
         reset = getattr(self.method, "reset_weights", None)
         if reset is None:
             raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
         reset()
-        self._weights = None
 
     def summary(self) -> dict:
         return self.method.summary()
@@ -371,7 +367,8 @@ class _Run:
         if request.config.constraint is None:
             return None
         first = method.active[0]
-        first.sync(request.text)
+        if first.text != request.text:  # (a member holding part of a character keeps it)
+            first.sync(request.text)
         text = first.forced()
         if not text:
             return None
@@ -417,10 +414,6 @@ class _Run:
                 stats.member_calls[member.name] = member.calls
                 stats.prefilled[member.name] = getattr(member, "prefilled", 0)
                 stats.cache_bytes += member.memory_bytes()
-        weights = getattr(self.method, "weights", None)
-        if isinstance(weights, dict):
-            stats.weights = dict(weights)
-            self.ensemble._weights = dict(weights)
         stats.seconds = time.perf_counter() - self.started
         if stats.first_delta_seconds is None and text:
             stats.first_delta_seconds = stats.seconds

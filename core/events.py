@@ -83,6 +83,18 @@ class SkipConsensus(Event):
 
 
 @dataclass(frozen=True)
+class SkipGate(Event):
+    """GaC's gate: no ensemble at a position because the main member is sure of its token (its
+    probability is at least one half: SAFE+GaC's drafter, or the first member of `token` with
+    GaC), so its token is taken without consulting the others."""
+
+    name: ClassVar[str] = "skip_gate"
+    position: int
+    member: str
+    probability: float
+
+
+@dataclass(frozen=True)
 class SegmentCandidates(Event):
     """SpecEM: each drafter's candidate segment for this round."""
 
@@ -152,6 +164,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     EnsemblePoint,
     SkipMismatch,
     SkipConsensus,
+    SkipGate,
     SegmentCandidates,
     SegmentSelected,
     WeightsUpdated,

@@ -36,7 +36,9 @@ The language (tools and tool_choice as `core.tools` normalises them):
   nothing after the calls; "auto" with a response_format (LangChain's `create_agent` sends both):
   either the JSON answer or calls;
 - a response_format alone (or with tool_choice "none"): exactly one JSON value of the schema
-  (with "required" or a tool name, the answer is calls and the response_format is not used).
+  (with "required" or a tool name, the answer is calls and the response_format is not used);
+- tools with tool_choice "none" and no response_format: free text that never contains
+  `<tool_call>` (a model that saw tools in earlier turns cannot call one).
 
 JSON is written as `json.dumps(value, ensure_ascii=False)` writes it (", " and ": ", no other
 whitespace), so a small model cannot loop on whitespace and forced text is predictable. Object
@@ -185,6 +187,12 @@ def check_schema(schema: dict, what: str) -> None:
     """Raise `InvalidConfigError` naming the feature when `schema` cannot be enforced."""
     try:
         grammar = f"{_OPTIONS}\nstart: {json_rule(schema)}\n"
+        json.dumps(schema, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidConfigError(
+            f"{what} holds text that is not valid Unicode (a lone surrogate such as "
+            f"{error.object[error.start : error.end]!r}); fix the string in the schema."
+        ) from error
     except (TypeError, ValueError) as error:
         raise InvalidConfigError(f"{what} is not a JSON-serialisable schema ({error}).") from error
     _check_grammar(grammar, what)
@@ -217,7 +225,7 @@ def build_constraint(
     nothing to constrain. `tools`, `tool_choice` and `response_format` as `core.tools`
     normalises them."""
     calls = bool(tools) and tool_choice != "none"
-    if not calls and response_format is None:
+    if not calls and response_format is None and not tools:
         return None
     rules = [_OPTIONS, _START]
     if calls:
@@ -243,14 +251,16 @@ def build_constraint(
             rules += [f'call_{i}: {head} args_{i} "}}"', f"args_{i}: {json_rule(tool.parameters)}"]
     if response_format is not None:
         rules.append(f"answer: {json_rule(response_format)}")
-    if not calls:
+    free = r"/(?s:.*)/ & ~/(?s:.*)" + re.escape(TOOL_CALL_OPEN.strip()) + r"(?s:.*)/"
+    if not calls and response_format is None:  # tools, but "none": text that calls nothing
+        rules += ["response: FREE", f"FREE: {free}"]
+    elif not calls:
         rules.append("response: answer")
     elif tool_choice != "auto":
         rules.append("response: calls")
     elif response_format is not None:
         rules.append("response: answer | calls")
     else:
-        free = r"/(?s:.*)/ & ~/(?s:.*)" + re.escape(TOOL_CALL_OPEN.strip()) + r"(?s:.*)/"
         rules += [
             f"response: FREE | FREE_OPEN body {_literal(TOOL_CALL_CLOSE)}{more}",
             f"FREE: {free}",

@@ -717,7 +717,7 @@ class HFMember(Member):
         values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
         if end:
             stop = stop_logprob(predictors[len(block)], self.stop_ids)
-            values = torch.cat([values, torch.tensor([stop], device=values.device)])
+            values = torch.cat([values, stop.reshape(1).to(values.dtype)])
         return values.cpu()
 
     def _score_each(

@@ -9,23 +9,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .config import Stats
-from .events import EnsemblePoint, Event, SegmentSelected, _json_safe
+from .events import EnsemblePoint, Event, _json_safe
 
 
 def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event]) -> dict:
     """`method_summary` is `Ensemble.summary()` (method, members, method settings).
 
     Adds: output `tokens`, `ensembled` and E/T (`ensemble_rate`), `input_tokens` (see
-    `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (rounds won per
-    member) and `weights`, SAFE's `ensemble_points` (output positions where it ensembled), the
-    method's `counts`, and `seconds`. Winners and points are empty for methods without them."""
-    winners: dict[str, int] = {}
-    points: list[int] = []
-    for event in events:
-        if isinstance(event, SegmentSelected):
-            winners[event.winner] = winners.get(event.winner, 0) + 1
-        elif isinstance(event, EnsemblePoint):
-            points.append(event.position)
+    `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (verified rounds
+    won per member: a round where every drafter wrote the same text credits no one) and
+    `weights`, SAFE's `ensemble_points` (output positions where it ensembled), the method's
+    `counts`, and `seconds`. Winners and points are empty for methods without them."""
+    winners = {k.removeprefix("won/"): v for k, v in stats.counts.items() if k.startswith("won/")}
+    points = [event.position for event in events if isinstance(event, EnsemblePoint)]
     return _json_safe(
         {
             **method_summary,

@@ -12,16 +12,24 @@ each member's next-token distribution onto one list of candidate strings.
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 EOS = "<EOS>"  # the one candidate string that stands for "stop" in every member's vocabulary
+
+# Which id stands for a string outside a member's top-k when the string is several of its tokens
+# (UniTE's alignment): "nonblank" = its first sub-token that is not a bare space, as UniTE's and
+# SAFE's released code do (" 12" -> "1" for a tokenizer that spells it "▁" "1" "2"); "first" =
+# its first sub-token whatever it is (" 12" -> "▁").
+SUBTOKEN_RULES = ("nonblank", "first")
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CUT_PROBES = (
@@ -174,7 +182,7 @@ class Vocab:
             if any(b in t.encode() for t in _CUT_PROBES)  # never seen, never trusted
             and all(self._cuts_reproduce(t, b) for t in _CUT_PROBES)
         )
-        self._first_id_cache: dict[str, int | None] = {}
+        self._first_id_cache: dict[tuple[str, str], int | None] = {}
 
     def _raw_encode(self, text):
         with tokenizer_lock(self.tokenizer):
@@ -207,16 +215,77 @@ class Vocab:
                     return False
         return True
 
-    def first_id(self, s: str) -> int | None:
+    def first_id(self, s: str, rule: str = "first") -> int | None:
         """The id a member would start spelling `s` with (UniTE's rule for strings outside its
-        top-k): the token itself when `s` is one token, else the first sub-token."""
-        if s not in self._first_id_cache:
+        top-k): the token itself when `s` is one token, else a sub-token chosen by `rule` (see
+        SUBTOKEN_RULES)."""
+        key = (s, rule)
+        if key not in self._first_id_cache:
             ids = self.encode(s)
-            dummy_only = ids and self.token_bytes[ids[0]] == b" " and len(ids) > 1
-            if self.dummy_prefix and dummy_only and not s.startswith(" "):
-                ids = ids[1:]  # a "▁" the tokenizer put in front of the string
-            self._first_id_cache[s] = self.string_to_id.get(s, ids[0] if ids else None)
-        return self._first_id_cache[s]
+            if rule == "nonblank":  # UniTE's code: sub-tokens equal to its " " token are skipped
+                blank = self.encode(" ")[:1]
+                found = ids[0] if len(ids) == 1 else next((i for i in ids if [i] != blank), None)
+                found = ids[0] if found is None and ids else found
+            else:
+                dummy_only = ids and self.token_bytes[ids[0]] == b" " and len(ids) > 1
+                if self.dummy_prefix and dummy_only and not s.startswith(" "):
+                    ids = ids[1:]  # a "▁" the tokenizer put in front of the string
+                found = self.string_to_id.get(s, ids[0] if ids else None)
+            self._first_id_cache[key] = found
+        return self._first_id_cache[key]
+
+
+def stop_logprob(logprobs: torch.Tensor, stop_ids: Iterable[int]) -> torch.Tensor:
+    """log P(the turn ends here): the total probability of a member's stop ids, along the last
+    dimension (any of its end-of-turn ids ends the turn, so their mass is one event); -inf where
+    none of them is in the row. The one place the core computes a stop's probability."""
+    ids = [i for i in stop_ids if i < logprobs.shape[-1]]
+    if not ids:
+        return torch.full(logprobs.shape[:-1], -math.inf, device=logprobs.device)
+    return torch.logsumexp(logprobs[..., ids], dim=-1)
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string that starts with `prefix`."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class ByteIndex:
+    """A vocabulary sorted by token bytes: the tokens that start with a byte string are one
+    contiguous range (two bisections), the tokens that equal one are a dict lookup. Stops and
+    control tokens are left out (they spell nothing)."""
+
+    def __init__(self, vocab: Vocab, stop_ids: Iterable[int]) -> None:
+        stops = frozenset(stop_ids)
+        pairs = sorted(
+            (data, i)
+            for i, data in enumerate(vocab.token_bytes)
+            if data and i not in stops and i not in vocab.special_ids
+        )
+        self.keys = [data for data, _ in pairs]
+        self.ids = torch.tensor([i for _, i in pairs], dtype=torch.long)
+        self.exact: dict[bytes, list[int]] = {}
+        for data, i in pairs:
+            self.exact.setdefault(data, []).append(i)
+        self.spelled = torch.tensor([s is not None for s in vocab.strings], dtype=torch.bool)
+
+    def span(self, prefix: bytes) -> tuple[int, int]:
+        """The slice of `ids` whose bytes start with `prefix` (itself included)."""
+        lo = bisect.bisect_left(self.keys, prefix)
+        after = _successor(prefix)
+        return lo, len(self.keys) if after is None else bisect.bisect_left(self.keys, after)
+
+    def extending(self, prefix: bytes) -> torch.Tensor:
+        lo, hi = self.span(prefix)
+        return self.ids[lo:hi]
+
+    def prefixes(self, s: bytes, proper: bool) -> list[tuple[int, list[int]]]:
+        """(length, ids) for every token that spells s[:length] exactly."""
+        top = len(s) - 1 if proper else len(s)
+        return [(n, self.exact[s[:n]]) for n in range(1, top + 1) if s[:n] in self.exact]
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,21 +300,17 @@ class Aligned:
     probs: torch.Tensor  # [members, candidates], float32 on CPU
 
 
-def stop_logprob(logprobs: torch.Tensor, stop_ids: Sequence[int]) -> float:
-    """Log-probability of ending the turn: the mass of every stop id (-inf when none)."""
-    ids = [i for i in stop_ids if i < logprobs.shape[-1]]
-    return torch.logsumexp(logprobs[ids].float(), dim=0).item() if ids else float("-inf")
-
-
 def unite_union(
     vocabs: Sequence[Vocab],
     stop_ids: Sequence[Sequence[int]],
     logprobs: Sequence[torch.Tensor],
     k: int = 10,
+    subtoken: str = "nonblank",
 ) -> Aligned:
     """UniTE: the union of each member's top-k strings; a member's value for a string outside its
-    top-k is its log-prob of that string as one token, or of the string's first sub-token. Each
-    member is then renormalised over the union (softmax), as UniTE does."""
+    top-k is its log-prob of that string as one token, or of one of its sub-tokens (`subtoken`,
+    see SUBTOKEN_RULES). Each member is then renormalised over the union (softmax), as UniTE
+    does."""
     union: dict[str, None] = {}
     for vocab, stops, lp in zip(vocabs, stop_ids, logprobs, strict=True):
         top = torch.topk(lp, min(k, lp.shape[-1])).indices.tolist()
@@ -261,11 +326,15 @@ def unite_union(
         values = []
         for s in strings:
             if s == EOS:
-                values.append(stop_logprob(lp_cpu, stops))
+                values.append(stop_logprob(lp_cpu, stops).item())
                 continue
-            i = vocab.first_id(s)
+            i = vocab.first_id(s, subtoken)
             values.append(lp_cpu[i].item() if i is not None else float("-inf"))
-        rows.append(torch.softmax(torch.tensor(values), dim=0))
+        values = torch.tensor(values)
+        if bool(torch.isneginf(values).all()):  # none of the strings can come from this member
+            rows.append(torch.zeros_like(values))  # (a constrained row: none is allowed there)
+        else:
+            rows.append(torch.softmax(values, dim=0))
     return Aligned(strings, torch.stack(rows))
 
 

@@ -47,6 +47,10 @@ class EnsembleSkipConsensusEvent(EnsembleEvent):
     """SAFE skipped a position: the members already agree (`SkipConsensus`)."""
 
 
+class EnsembleSkipGateEvent(EnsembleEvent):
+    """A position skipped at GaC's gate: the main member was sure of its token (`SkipGate`)."""
+
+
 class EnsembleSegmentCandidatesEvent(EnsembleEvent):
     """SpecEM: each drafter's candidate segment (`SegmentCandidates`)."""
 
@@ -77,6 +81,7 @@ EVENT_CLASSES: dict[type[core_events.Event], type[EnsembleEvent]] = {
     core_events.EnsemblePoint: EnsemblePointEvent,
     core_events.SkipMismatch: EnsembleSkipMismatchEvent,
     core_events.SkipConsensus: EnsembleSkipConsensusEvent,
+    core_events.SkipGate: EnsembleSkipGateEvent,
     core_events.SegmentCandidates: EnsembleSegmentCandidatesEvent,
     core_events.SegmentSelected: EnsembleSegmentSelectedEvent,
     core_events.WeightsUpdated: EnsembleWeightsUpdatedEvent,

@@ -1,55 +1,37 @@
-"""A scripted engine for the adapters' tool tests: an `Ensemble` whose `stream` plays a canned
-response (in the canonical tool-call syntax) through the core's own tool-call parser, and
-records every request's messages and config. The adapters' conversions are then checked exactly,
-whatever tiny random models would write."""
+"""Deterministic members for exact expectations: real testbed tokenizers whose "model" spells
+fixed texts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import torch
 
-from core import Delta, Ensemble, GenerationConfig, Stats
-from core.tools import ToolCall, ToolCallStream, format_tool_call
-
-
-def call_text(name: str, arguments: dict) -> str:
-    return format_tool_call(name, arguments)
+from core import HFMember
 
 
-class ScriptedEnsemble(Ensemble):
-    """Answers every request with `reply` (or `reply(messages)`), streamed in pieces of `piece`
-    characters; `cut`: the reply ends at max tokens (finish_reason "length")."""
+class Scripted(HFMember):
+    """A real testbed tokenizer whose "model" spells fixed texts in its canonical tokenization:
+    the next token is a mixture of the next tokens of the scripts the ids so far are a prefix
+    of (weighted; the stop after a script's end); off every script it is uniform. Deterministic
+    members for exact expectations."""
 
-    def __init__(
-        self, members, reply: str | Callable[[list], str] = "", cut: bool = False, piece: int = 7
-    ) -> None:
-        super().__init__(list(members), "single")
-        self.reply, self.cut, self.piece = reply, cut, piece
-        self.requests: list[tuple[list, GenerationConfig]] = []
+    def __init__(self, base: HFMember, scripts, name: str) -> None:
+        super().__init__(name, base.model, base.tokenizer)
+        scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
+        self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
+        self.stop = base.tokenizer.eos_token_id
 
-    @property
-    def last_config(self) -> GenerationConfig:
-        return self.requests[-1][1]
+    def _row(self, seq: list[int]) -> torch.Tensor:
+        probs = torch.zeros(self.vocab.size, dtype=torch.float64)
+        for script, weight in self.scripts:
+            if seq == script[: len(seq)]:
+                probs[script[len(seq)] if len(seq) < len(script) else self.stop] += weight
+        if not probs.sum():
+            return torch.log_softmax(torch.zeros(self.vocab.size), -1)
+        return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
 
-    @property
-    def last_messages(self) -> list:
-        return self.requests[-1][0]
+    def logprobs(self, boundaries):
+        self.calls += 1
+        return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 
-    def stream(self, messages, config=None, on_event=None) -> Iterator[Delta]:
-        self.requests.append((messages, config))
-        return self._play(self.reply(messages) if callable(self.reply) else self.reply)
-
-    def _play(self, reply: str) -> Iterator[Delta]:
-        parser = ToolCallStream()
-        made: list = []
-        for start in range(0, len(reply), self.piece):
-            text, calls = parser.feed(reply[start : start + self.piece])
-            made += calls
-            yield Delta(text=text, tool_calls=tuple(calls))
-        text, calls = parser.finish()
-        made += calls
-        if self.cut:
-            finish = "length"
-        else:
-            finish = "tool_calls" if any(isinstance(c, ToolCall) for c in made) else "stop"
-        stats = Stats(tokens=max(1, len(reply) // 4), prompt_tokens={"m": 5})
-        yield Delta(text=text, tool_calls=tuple(calls), finish_reason=finish, stats=stats)
+    def branch_logprobs(self, boundary, branches):
+        return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])

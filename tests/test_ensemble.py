@@ -101,7 +101,7 @@ def test_one_instance_shared_between_threads(tiny_members):
 
 
 async def test_async_stream_does_not_block_the_loop(tiny_members):
-    ens = Ensemble(tiny_members, "token", aggregator="gac")
+    ens = Ensemble(tiny_members, "token", aggregator="gac", gate=None)  # every member, every step
     probe = LoopProbe()
     parts = [d.text async for d in ens.astream(PROMPT, max_new_tokens=24, on_event=probe)]
     assert probe.proven, probe.ran  # the loop ran while the models were mid-computation

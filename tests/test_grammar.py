@@ -298,8 +298,14 @@ def test_unsupported_schema_features_name_the_feature():
 
 def test_nothing_to_constrain_is_none():
     assert build_constraint((), "auto", True, None) is None
-    assert build_constraint(TOOLS, "none", True, None) is None
     assert build_constraint(TOOLS, "none", True, {"type": "integer"}) is not None
+
+
+def test_none_allows_any_text_but_a_call(vocabs):
+    constraint = build_constraint(TOOLS, "none", True, None)
+    for name, (vocab, stops) in vocabs.items():
+        _walk_canonical(vocab, stops, constraint, "It is sunny; </tool_call> is just text.")
+        assert not _matches(vocab, stops, constraint, format_tool_call(*ADD)), name
 
 
 def test_auto_accepts_text_text_and_calls_or_calls_only(vocabs):

@@ -23,7 +23,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
 from pydantic import v1 as pydantic_v1
-from scripted import ScriptedEnsemble, call_text
+from scripted_engine import ScriptedEnsemble, call_text
 from typing_extensions import TypedDict
 
 from core.chat import normalize_messages, render_prompt

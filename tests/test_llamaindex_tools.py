@@ -22,7 +22,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, Field
-from scripted import ScriptedEnsemble, call_text
+from scripted_engine import ScriptedEnsemble, call_text
 
 from core import Ensemble
 from core.errors import InvalidConfigError

@@ -9,46 +9,18 @@ import torch
 from conftest import needs_trained
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scripted import Scripted
 
 from core import Ensemble, GenerationConfig, HFMember, InvalidConfigError
 from core.aggregate import sharpen, sharpen_heuristic
-from core.events import Drafted, EnsemblePoint, SkipConsensus, SkipMismatch
+from core.events import Drafted, EnsemblePoint, SkipConsensus, SkipGate, SkipMismatch
 from core.methods.safe import EXTRA_TOKENS, HEALED, SKIP_REASONS, consensus
-from core.testbed import check_answer, make_problems
+from core.testbed import make_problems
 from core.testbed.tokenizers import load_tokenizer
 from core.vocab import EOS
 
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 13."
 PROMPT = [{"role": "user", "content": "Sara has 6 buttons. She donates 1. How many?"}]
-
-
-class Scripted(HFMember):
-    """A real testbed tokenizer whose "model" spells fixed texts in its canonical tokenization:
-    the next token is a mixture of the next tokens of the scripts the ids so far are a prefix
-    of (weighted; the stop after a script's end); off every script it is uniform. Deterministic
-    members for exact expectations."""
-
-    def __init__(self, base: HFMember, scripts, name: str) -> None:
-        super().__init__(name, base.model, base.tokenizer)
-        scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
-        self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
-        self.stop = base.tokenizer.eos_token_id
-
-    def _row(self, seq: list[int]) -> torch.Tensor:
-        probs = torch.zeros(self.vocab.size, dtype=torch.float64)
-        for script, weight in self.scripts:
-            if seq == script[: len(seq)]:
-                probs[script[len(seq)] if len(seq) < len(script) else self.stop] += weight
-        if not probs.sum():
-            return torch.log_softmax(torch.zeros(self.vocab.size), -1)
-        return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
-
-    def logprobs(self, boundaries):
-        self.calls += 1
-        return torch.stack([self._row(self.ids[:b]) for b in boundaries])
-
-    def branch_logprobs(self, boundary, branches):
-        return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])
 
 
 def _spans(member_index: int, text: str) -> list[tuple[int, int]]:
@@ -68,9 +40,9 @@ def _adds_up(out) -> None:
     skips = sum(s.counts.get(k, 0) for k in SKIP_REASONS)
     assert s.tokens == s.ensembled + skips + s.counts.get(EXTRA_TOKENS, 0)
     assert s.ensembled == sum(isinstance(e, EnsemblePoint) for e in out.events)
-    assert s.counts.get("skip_mismatch", 0) == sum(isinstance(e, SkipMismatch) for e in out.events)
-    consensus_like = s.counts.get("skip_consensus", 0) + s.counts.get("skip_gate", 0)
-    assert consensus_like == sum(isinstance(e, SkipConsensus) for e in out.events)
+    for reason, kind in zip(SKIP_REASONS, (SkipMismatch, SkipConsensus, SkipGate), strict=True):
+        assert s.counts.get(reason, 0) == sum(isinstance(e, kind) for e in out.events)
+        assert all(e.name == reason for e in out.events if isinstance(e, kind))
     assert s.ensemble_rate == pytest.approx(s.ensembled / s.tokens)
 
 
@@ -151,6 +123,72 @@ def test_heal_lets_a_finer_verifier_weigh_in_on_a_coarser_token(tiny_members, he
     _adds_up(out)
 
 
+# --- the authors' three rules (preset="authors") ----------------------------------------------
+
+
+def test_stop_read_as_text_is_ensembled(tiny_members):
+    """Both members end the turn after TEXT (the drafter with probability 0.9). Read as the stop
+    (its mass), the verifier agrees and the stop stands with no ensembling; read as text
+    (stop_check="text": the authors' code decodes the drafter's "<|end|>" into the text), the
+    verifier's own token there is its first token of "<|end|>", which it gives ~0, so SAFE
+    ensembles at the stop (and the ensemble stops)."""
+    drafter = Scripted(tiny_members[0], [(TEXT, 0.9), (TEXT + " Done.", 0.1)], "bpe-script")
+    verifier = Scripted(tiny_members[1], [TEXT], "spm-script")
+    outs = {}
+    for rule in ("mass", "text"):
+        ens = Ensemble([drafter, verifier], "safe", stop_check=rule)
+        outs[rule] = out = ens.generate(PROMPT, max_new_tokens=64)
+        assert out.text == TEXT and out.finish_reason == "stop"
+        _adds_up(out)
+    assert outs["mass"].stats.ensembled == 0
+    points = [e for e in outs["text"].events if isinstance(e, EnsemblePoint)]
+    last = outs["text"].stats.tokens - 1
+    assert [(p.position, p.drafted, p.chosen) for p in points] == [(last, EOS, EOS)]
+    assert (
+        outs["text"].stats.counts["skip_consensus"]
+        == outs["mass"].stats.counts["skip_consensus"] - 1
+    )  # the stop was a consensus skip, and is now an ensemble point
+
+
+@pytest.mark.parametrize(
+    "remap, subtoken", [("likeliest", "first"), ("as-aligned", "first"), ("as-aligned", "nonblank")]
+)
+def test_remap_of_the_ensembles_choice_onto_the_drafter(tiny_members, remap, subtoken):
+    """spm drafts " 13" as "▁" "1" "3"; two bpe verifiers want " 12", which wins the ensemble
+    at "▁". "likeliest": spm has no token that starts with " 12", so the string itself is
+    committed (three spm tokens). "as-aligned" (the authors' UniTE): the drafter appends the ONE
+    id its column read " 12" from: by subtoken="first" that is "▁", the drafted token itself, so
+    the drafter's " 13" stands; by "nonblank" (the authors') it is "1", glued to the word
+    before it."""
+    wrong, right = "The answer is 13.", "The answer is 12."
+    drafter = Scripted(tiny_members[1], [(wrong, 0.9), (right, 0.1)], "spm-draft")
+    verifiers = [Scripted(tiny_members[0], [right], f"bpe-{i}") for i in range(2)]
+    ens = Ensemble([drafter, *verifiers], "safe", remap=remap, subtoken=subtoken)
+    out = ens.generate(PROMPT, max_new_tokens=32)
+    points = [(e.drafted, e.chosen) for e in out.events if isinstance(e, EnsemblePoint)]
+    assert points[0] == (" ", " 12")
+    if remap == "likeliest":
+        assert out.text == right and out.stats.counts[EXTRA_TOKENS] == 2
+    elif subtoken == "first":
+        assert out.text == wrong
+    else:
+        assert out.text.startswith("The answer is1")
+    _adds_up(out)
+
+
+def test_authors_preset_sets_the_three_rules_and_options_override_it(tiny_members):
+    rules = ("stop_check", "remap", "subtoken")
+
+    def summary(**options):
+        s = Ensemble(tiny_members[:2], "safe", **options).summary()
+        return tuple(s[k] for k in rules)
+
+    assert summary() == ("mass", "likeliest", "first")
+    assert summary(preset="authors") == ("text", "as-aligned", "nonblank")
+    assert summary(preset="authors", subtoken="first") == ("text", "as-aligned", "first")
+    assert summary(remap="as-aligned") == ("mass", "as-aligned", "first")
+
+
 # --- the consensus rule (Theorem 1) ----------------------------------------------------------
 
 
@@ -213,8 +251,19 @@ def test_heuristic_sharpening_gathers_a_split_word():
         dict(aggregator="gac", sharpen=None, heal=True, lookahead=3),
         dict(heal="oov"),
         dict(drafter="tb-qwen2-spm"),
+        dict(preset="authors"),
+        dict(preset="authors", aggregator="gac", drafter="tb-qwen2-spm"),
     ],
-    ids=["unite", "gac", "geo-heal", "gac-heal", "heal-oov", "spm-drafts"],
+    ids=[
+        "unite",
+        "gac",
+        "geo-heal",
+        "gac-heal",
+        "heal-oov",
+        "spm-drafts",
+        "authors",
+        "authors-gac",
+    ],
 )
 def test_stats_add_up_and_verifiers_stay_canonical(tiny_members, options):
     ens = Ensemble(tiny_members, "safe", **options)
@@ -252,6 +301,10 @@ def test_sampling_is_reproducible_with_a_seed(tiny_members):
         (dict(top_k=2.5), "top_k="),
         (dict(threshold=1.5), "threshold="),
         (dict(heal="yes"), "heal="),
+        (dict(preset="paper"), "preset="),
+        (dict(stop_check="eos"), "stop_check="),
+        (dict(remap="first"), "remap="),
+        (dict(subtoken="space"), "subtoken="),
         (dict(drafter="nobody"), "drafter="),
         (dict(speed=3), "unknown option"),
     ],
@@ -287,7 +340,8 @@ def test_healed_probabilities_of_the_next_byte_sum_to_one(tiny_members, family, 
     """From a real boundary `back` tokens before the end, P(u + x) / P(u) over every next byte
     x, plus P(u then stop), is a distribution: marginalising over every spelling (canonical or
     not, through extra batched passes) loses nothing."""
-    from core.methods.safe import _ByteIndex, _Healer
+    from core.methods.safe_heal import Healer as _Healer
+    from core.vocab import ByteIndex as _ByteIndex
 
     member = tiny_members[family]
     member.start(PROMPT)
@@ -397,4 +451,4 @@ def test_every_member_is_canonical_after_every_cycle(make_ensemble, drafter, gro
             text += delta.text
             for member in stream.members:
                 assert member.text == text and member.ids == member.canonical_ids(text)
-        assert check_answer(text, problem) in (True, False)
+        assert ens.generate(problem.messages, max_new_tokens=96).text == text

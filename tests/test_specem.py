@@ -7,6 +7,7 @@ random weights pick; behaviour tests run the shipped models."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -218,23 +219,32 @@ def test_streamed_segments_join_exactly(nonstop, members):
     assert set(out.stats.weights) == {m.name for m in ens.members}
 
 
+def _replay(out, w: torch.Tensor, t: int, lr: float, rounds=False) -> tuple[torch.Tensor, int]:
+    """Check every weight update of a request against Hedge from (w, t), t counting updates
+    (or rounds); returns the weights and t after it."""
+    updates = _events(out, WeightsUpdated)
+    for selected in _events(out, SegmentSelected):
+        update = next((u for u in updates if u.round == selected.round), None)
+        t += 1 if update is not None or rounds else 0
+        if update is None:  # every drafter wrote the same: nothing to learn
+            continue
+        rewards = win_rates(_matrix(selected), _authors(selected))
+        assert list(update.rewards.values()) == pytest.approx(rewards.tolist())
+        w = hedge(w, rewards, lr=lr, t=t)
+        assert list(update.weights.values()) == pytest.approx(w.tolist())
+        assert selected.weights == update.weights
+    return w, t
+
+
 def test_weights_follow_hedge_and_reset_per_request(nonstop):
     ens = Ensemble(nonstop, "specem", lr=2.0)
     out = ens.generate(PROMPT, SAMPLED)
     updates = _events(out, WeightsUpdated)
     assert updates and out.stats.ensembled == len(updates)
-    w = torch.full((3,), 1 / 3, dtype=torch.float64)
-    for selected in _events(out, SegmentSelected):
-        update = next((u for u in updates if u.round == selected.round), None)
-        if update is None:  # every drafter wrote the same: nothing to learn
-            continue
-        rewards = win_rates(_matrix(selected), _authors(selected))
-        assert list(update.rewards.values()) == pytest.approx(rewards.tolist())
-        w = hedge(w, rewards, lr=2.0, t=selected.round)
-        assert list(update.weights.values()) == pytest.approx(w.tolist())
-        assert selected.weights == update.weights
-    assert list(ens.weights.values()) == pytest.approx(w.tolist())
-    assert ens.generate(PROMPT, SAMPLED).stats.weights == out.stats.weights  # reset per request
+    w, _ = _replay(out, torch.full((3,), 1 / 3, dtype=torch.float64), 0, lr=2.0)
+    assert list(out.stats.weights.values()) == pytest.approx(w.tolist())
+    assert ens.weights is None  # nothing is carried to the next request...
+    assert ens.generate(PROMPT, SAMPLED).stats.weights == out.stats.weights  # ...which restarts
 
 
 def test_persisted_weights_survive_requests_and_reset_on_demand(nonstop):
@@ -243,12 +253,8 @@ def test_persisted_weights_survive_requests_and_reset_on_demand(nonstop):
     after_first = ens.weights
     assert after_first == first.stats.weights and len(set(after_first.values())) > 1
     second = ens.generate(PROMPT, SAMPLED)
-    update = _events(second, WeightsUpdated)[0]
-    selected = next(e for e in _events(second, SegmentSelected) if e.round == update.round)
     w = torch.tensor(list(after_first.values()), dtype=torch.float64)
-    t = first.stats.counts["rounds"] + update.round  # the schedule continues too
-    expected = hedge(w, win_rates(_matrix(selected), _authors(selected)), 2.0, t)
-    assert list(update.weights.values()) == pytest.approx(expected.tolist())
+    _replay(second, w, len(_events(first, WeightsUpdated)), lr=2.0)  # the schedule continues
     ens.reset_weights()
     assert list(ens.weights.values()) == pytest.approx([1 / 3] * 3)
     assert ens.generate(PROMPT, SAMPLED).stats.weights == first.stats.weights
@@ -315,6 +321,10 @@ def test_token_cap_counts_the_winners_tokens(nonstop):
         ({"drafters": [0, "nobody"]}, "not a member"),
         ({"segment_tokens": 0}, "segment_tokens"),
         ({"lr": -1}, "lr"),
+        ({"preset": "authors"}, "preset="),
+        ({"draft_temperature": -0.5}, "draft_temperature="),
+        ({"draft_top_p": 0}, "draft_top_p="),
+        ({"schedule": "steps"}, "schedule="),
         ({"window": 10}, "unknown option"),
     ],
 )
@@ -323,7 +333,69 @@ def test_bad_options_fail_with_a_clear_error(tiny_members, options, needle):
         Ensemble(tiny_members, "specem", **options)
 
 
+def test_learned_state_is_shared_by_copies_and_kept_only_when_persisting(nonstop):
+    """The weights and their schedule are one object on the method: a copy of the method (one
+    per request in a concurrent engine) shares it, and a request changes it only when the
+    weights persist."""
+    for persist in (False, True):
+        ens = Ensemble(nonstop, "specem", persist_weights=persist, lr=2.0)
+        assert copy.copy(ens.method).learned is ens.method.learned
+        out = ens.generate(PROMPT, SAMPLED)
+        updates = len(_events(out, WeightsUpdated))
+        assert updates and len(set(out.stats.weights.values())) > 1
+        if persist:
+            assert ens.method.learned.t == updates and ens.weights == out.stats.weights
+        else:
+            assert ens.method.learned.t == 0 and ens.weights is None
+
+
 # --- the shipped models (behaviour) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["updates", "rounds"])
+def test_schedule_and_wins_on_rounds_without_an_update(make_ensemble, schedule):
+    """Rounds where every drafter wrote the same text update nothing and credit nobody: the
+    learning-rate schedule's t counts updates (or, schedule="rounds" as in the authors' code,
+    every round; checked across persisted requests, after such rounds), and the wins add up to
+    the verified rounds."""
+    ens = make_ensemble("specem", persist_weights=True, lr=2.0, schedule=schedule)
+    w, t, skipped, rounds = torch.full((3,), 1 / 3, dtype=torch.float64), 0, 0, 0
+    for problem in make_problems(6, seed=7, form="cot"):
+        out = ens.generate(problem.messages, max_new_tokens=80)
+        w, t = _replay(out, w, t, lr=2.0, rounds=schedule == "rounds")
+        counts = out.stats.counts
+        won = sum(v for k, v in counts.items() if k.startswith("won/"))
+        assert won == out.stats.ensembled == counts["rounds"] - counts.get("consensus", 0)
+        skipped += counts.get("consensus", 0)
+        rounds += counts["rounds"]
+    assert skipped > 0  # rounds without an update came before later updates
+    assert ens.method.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
+    assert list(ens.weights.values()) == pytest.approx(w.tolist())
+
+
+def test_paper_preset_samples_drafts_reproducibly_with_a_seed(make_ensemble):
+    """preset="paper": drafts sampled as the authors' code does (temperature 0.6, top-p 0.9)
+    inside a greedy request; the request's seed makes them reproducible."""
+    paper = make_ensemble("specem", preset="paper")
+    summary = paper.summary()
+    assert (summary["draft_temperature"], summary["draft_top_p"]) == (0.6, 0.9)
+    assert summary["schedule"] == "rounds"
+    assert make_ensemble("specem", preset="paper", schedule="updates").summary()["schedule"] == (
+        "updates"
+    )
+    problem = make_problems(1, seed=7, form="cot")[0]
+
+    def drafts(seed=None, ens=paper):
+        out = ens.generate(problem.messages, max_new_tokens=80, seed=seed)
+        return out.text, [e.candidates for e in _events(out, SegmentCandidates)]
+
+    first = drafts(seed=1)
+    assert drafts(seed=1) == first
+    others = [drafts(seed=s) for s in (2, 3, 4)]
+    assert any(o[1] != first[1] for o in others)  # other seeds, other samples
+    greedy = drafts(ens=make_ensemble("specem"))
+    assert greedy == drafts(ens=make_ensemble("specem"))
+    assert any(o[1] != greedy[1] for o in [first, *others])  # sampled, not greedy, drafts
 
 
 @pytest.mark.parametrize("members", [[0, 1], [0, 1, 2]], ids=["2", "3"])

@@ -76,3 +76,30 @@ def test_gac_union_projects_full_distributions(tiny_members):
     word = tiny_members[2]
     i = word.vocab.string_to_id[" apples"]
     assert aligned.probs[2, union.strings.index(" apples")] >= lps[2][i].exp() - 1e-6
+
+
+def test_subtoken_rule_for_strings_outside_the_top_k(tiny_members):
+    """spm spells " 12" as "▁" "1" "2". UniTE's code reads such a string by its first sub-token
+    that is not a bare space ("nonblank"); "first" reads the bare space, the same value for
+    every number."""
+    spm = tiny_members[1].vocab
+    blank, one, two = (spm.string_to_id[s] for s in (" ", "1", "2"))
+    assert spm.first_id(" 12", "first") == spm.first_id(" 23", "first") == blank
+    assert (spm.first_id(" 12", "nonblank"), spm.first_id(" 23", "nonblank")) == (one, two)
+    assert spm.first_id(" ", "nonblank") == blank  # a string that is one token is that token
+    bpe = tiny_members[0]
+    ids = [bpe.vocab.string_to_id[s] for s in (" 12", " 23")]
+    bpe_lp = _peaked(bpe.vocab.size, dict.fromkeys(ids, 0.45))
+    spm_lp = _peaked(spm.size, {two: 0.6, blank: 0.3, one: 0.05})
+    columns = {}
+    for rule in ("first", "nonblank"):
+        aligned = unite_union(
+            [bpe.vocab, spm],
+            [bpe.stop_ids, tiny_members[1].stop_ids],
+            [bpe_lp, spm_lp],
+            k=2,
+            subtoken=rule,
+        )
+        columns[rule] = [float(aligned.probs[1, aligned.strings.index(s)]) for s in (" 12", " 23")]
+    assert columns["first"][0] == columns["first"][1]  # both read P("▁")
+    assert columns["nonblank"][1] > 10 * columns["nonblank"][0]  # P("2") against P("1")

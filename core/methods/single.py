@@ -22,7 +22,8 @@ class Single(Method):
     def run(self, request: Request) -> Iterator[Commit]:
         member = self.members[self.index]
         while request.remaining > 0:
-            member.sync(request.text)  # the text may have grown by text the grammar forced
+            if member.text != request.text:  # grown by text a grammar forced (a member
+                member.sync(request.text)  # holding part of a character keeps it)
             draft = member.draft(1, request.sampler)
             if draft.stopped:
                 yield Commit("", 1, "stop")  # the stop token is a generated token

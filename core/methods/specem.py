@@ -18,7 +18,19 @@ Decisions where the paper and the authors' code leave room (see the README for t
 - reward: the win rate without the authors' floor of one win, so feedback also works for K = 2
   (with the floor every K = 2 reward is 1 and the weights never move).
 - the weights are updated with the round's reward before the vote (as in the authors' code);
-  eta_t = lr * sqrt(1/K) / t, t counting rounds since the weights were last reset.
+  eta_t = lr * sqrt(1/K) / t, t counting the updates since the weights were last reset (a round
+  where every drafter wrote the same text has nothing to learn from: no update, t stays).
+  `schedule="rounds"`: t counts rounds, as in the authors' code, which verifies identical
+  drafts too (their rewards are all equal: an update that moves nothing but t).
+- drafts continue the request's own decoding (greedy by default).
+- `preset="paper"` follows the authors' code on both: drafts sampled at temperature 0.6 and
+  top-p 0.9 (seeded by the request's seed), and schedule="rounds".
+- a round whose drafts reach the token cap is committed uncut (the cap ends the text there
+  anyway; cutting would only add rounds).
+- "won/<member>" counts rounds whose candidates were verified; a round where every drafter wrote
+  the same text is counted as "consensus" and credits no one.
+- the learnable state (weights and t) is one `Feedback` object: requests share the method's
+  (`persist_weights=True`) or each starts a fresh one, so the method keeps no per-request state.
 """
 
 from __future__ import annotations
@@ -26,16 +38,22 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..config import GenerationConfig
 from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
+from ..member import Member
 from ..parallel import each
+from ..sampling import Sampler
 from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
+# Drafting as the authors' code does it (temperature 0.6, top-p 0.9: `Speculative_generate`).
+PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9, "schedule": "rounds"}}
+SCHEDULES = ("updates", "rounds")  # what t counts in eta_t = lr * sqrt(1/K) / t
 
 
 # --- pure pieces (unit-testable without a model) ---------------------------------------------
@@ -102,23 +120,43 @@ def hedge(weights: torch.Tensor, rewards: torch.Tensor, lr: float, t: int) -> to
     return updated / updated.sum()
 
 
-# --- the method --------------------------------------------------------------------------------
-
-
 @dataclass
-class _Learning:
-    """The voting weights and the learning-rate schedule's t: one per request, or one shared
-    by every request when the weights persist."""
+class Feedback:
+    """SpecEM's learnable state: the voting weights and how many updates their learning-rate
+    schedule has made (eta_t = lr * sqrt(1/K) / t, t = updates so far)."""
 
     weights: torch.Tensor
     t: int = 0
+
+    @classmethod
+    def uniform(cls, k: int) -> Feedback:
+        return cls(torch.full((k,), 1.0 / k, dtype=torch.float64))
+
+    def update(self, rewards: torch.Tensor, lr: float) -> None:
+        self.t += 1
+        self.weights = hedge(self.weights, rewards, lr, self.t)
+
+    def tick(self) -> None:
+        """A round that moves only the schedule (schedule="rounds": identical drafts)."""
+        self.t += 1
+
+    def reset(self) -> None:
+        """Uniform again, schedule back at its start (in place: every holder sees it)."""
+        self.weights = torch.full_like(self.weights, 1.0 / self.weights.shape[0])
+        self.t = 0
+
+    def named(self, names: Sequence[str]) -> dict[str, float]:
+        return {n: float(w) for n, w in zip(names, self.weights, strict=True)}
+
+
+# --- the method --------------------------------------------------------------------------------
 
 
 @dataclass
 class _Candidate:
     text: str
     ended: bool
-    authors: list[int]  # drafter positions (in self.drafters) that produced this candidate
+    authors: list[int] = field(default_factory=list)  # drafter positions (in self.drafters)
 
 
 class SpecEM(Method):
@@ -126,7 +164,10 @@ class SpecEM(Method):
     verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off), `lr`,
     `persist_weights` (keep the weights and the eta schedule across requests until
     `reset_weights()`), `reuse_cache` (False drops every cache before drafting and before
-    verifying: the authors' cost profile, kept as the benchmark baseline).
+    verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
+    and `draft_top_p` (drafts decoded with these instead of the request's settings),
+    `schedule` ("updates" | "rounds": what t counts in eta_t), `preset` ("paper": the authors'
+    code's draft sampling, temperature 0.6 and top-p 0.9, and schedule="rounds").
 
     Cost per round and member: up to L one-token draft steps plus ONE verification pass over the
     distinct candidates; a round where every drafter wrote the same text skips verification."""
@@ -145,8 +186,14 @@ class SpecEM(Method):
         lr: float = 1.0,
         persist_weights: bool = False,
         reuse_cache: bool = True,
+        draft_temperature: float | None = None,
+        draft_top_p: float | None = None,
+        schedule: str | None = None,
+        preset: str | None = None,
     ) -> None:
         super().__init__(members)
+        chosen = _preset_options(preset, draft_temperature, draft_top_p, schedule)
+        draft_temperature, draft_top_p, schedule = chosen
         if isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int):
             raise InvalidConfigError(
                 f"segment_tokens must be a positive integer, got {segment_tokens!r}; "
@@ -163,64 +210,50 @@ class SpecEM(Method):
                 )
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
             raise InvalidConfigError(f"lr must be a positive number, got {lr!r}; e.g. lr=1.0.")
-        if drafters is None:
-            self.drafters = list(range(len(self.members)))
-        else:
-            if isinstance(drafters, (str, int)):
-                raise InvalidConfigError(
-                    f"drafters must be a list of member indices or names, got {drafters!r}."
-                )
-            self.drafters = [pick_member(self.members, d, "drafters") for d in drafters]
-            if len(set(self.drafters)) != len(self.drafters):
-                raise InvalidConfigError(f"drafters lists a member twice: {list(drafters)!r}.")
-        if len(self.drafters) < 2:
-            raise InvalidConfigError(
-                "SpecEM picks among drafts, so drafters needs at least 2 members; pass more, "
-                "or use method='single'."
-            )
+        self.drafters = _drafters(self.members, drafters)
         self.segment_tokens = segment_tokens
         self.scoring = score
         self.feedback = bool(feedback)
         self.lr = float(lr)
         self.persist_weights = bool(persist_weights)
         self.reuse_cache = bool(reuse_cache)
-        self.reset_weights()
+        self.preset = preset
+        self.draft_temperature, self.draft_top_p = draft_temperature, draft_top_p
+        self.schedule = schedule
+        self.learned = Feedback.uniform(len(self.members))  # shared by requests that persist
 
     # --- weights ---------------------------------------------------------------------------
 
     @property
-    def weights(self) -> dict[str, float]:
-        return {m.name: float(w) for m, w in zip(self.members, self._learning.weights, strict=True)}
+    def weights(self) -> dict[str, float] | None:
+        """The weights carried from request to request (`persist_weights=True`); None when
+        every request starts uniform (its learned weights are in its `stats.weights`)."""
+        if not self.persist_weights:
+            return None
+        return self.learned.named([m.name for m in self.members])
 
     def reset_weights(self) -> None:
         """Uniform weights, and the learning-rate schedule starts again at t = 1."""
-        k = len(self.members)
-        self._learning = _Learning(torch.full((k,), 1.0 / k, dtype=torch.float64))
+        self.learned.reset()
 
-    def bind(self, members) -> SpecEM:
-        """A request shares the persisted weights, or learns its own from uniform."""
-        twin = super().bind(members)
-        if not self.persist_weights:
-            twin.reset_weights()
-        return twin
-
-    def without(self, name: str):
+    def without(self, name: str) -> Method:
         twin = super().without(name)
-        if isinstance(twin, SpecEM):  # the voting weights of the members that stay
+        if isinstance(twin, SpecEM) and self.persist_weights:  # the others' weights go on
             keep = [i for i, m in enumerate(self.members) if m.name != name]
-            weights = self._learning.weights[keep]
-            twin._learning = _Learning(weights / weights.sum(), self._learning.t)
+            weights = self.learned.weights[keep]
+            twin.learned = Feedback(weights / weights.sum(), self.learned.t)
         return twin
 
     # --- one request -----------------------------------------------------------------------
 
     def run(self, request: Request) -> Iterator[Commit]:
-        learning = self._learning
+        state = self.learned if self.persist_weights else Feedback.uniform(len(self.members))
         names = [m.name for m in self.members]
+        sampler = self._draft_sampler(request)
+        request.stats.weights = state.named(names)
         round_ = 0
         while request.remaining > 0:
             round_ += 1
-            learning.t += 1
             request.stats.count("rounds")
             base = request.text
             for member in self.members:
@@ -228,52 +261,13 @@ class SpecEM(Method):
                 if not self.reuse_cache:
                     member.drop_cache()
             before = [m.n_tokens for m in self.members]
-            candidates = self._draft(request)
-            request.emit(
-                SegmentCandidates(
-                    round_,
-                    {names[self.drafters[a]]: c.text for c in candidates for a in c.authors},
-                )
-            )
+            candidates = self._draft(request, sampler)
+            drafted = {names[self.drafters[a]]: c.text for c in candidates for a in c.authors}
+            request.emit(SegmentCandidates(round_, drafted))
             if not candidates:  # nobody could add text (context windows full)
                 yield Commit("", 0, "length")
                 return
-            if len(candidates) == 1:  # every drafter wrote the same: nothing to vote on
-                request.stats.count("consensus")
-                shares = torch.ones(len(self.members), 1, dtype=torch.float64)
-            else:
-                request.stats.ensembled += 1
-                shares = self._verify(base, candidates)
-            # one column per drafter that wrote something (duplicates share their column)
-            columns = [(a, c) for c, cand in enumerate(candidates) for a in cand.authors]
-            columns.sort()
-            matrix = shares[:, [c for _, c in columns]]
-            authors = [self.drafters[a] for a, _ in columns]
-            if self.feedback and len(candidates) > 1:
-                rewards = win_rates(matrix, authors)
-                learning.weights = hedge(learning.weights, rewards, self.lr, learning.t)
-                request.emit(
-                    WeightsUpdated(
-                        round_, self.weights, dict(zip(names, rewards.tolist(), strict=True))
-                    )
-                )
-            totals = (learning.weights[:, None] * shares).sum(0).tolist()
-            best = max(range(len(candidates)), key=lambda c: (totals[c], -c))  # ties: first
-            chosen = candidates[best]
-            winner = self.members[self.drafters[chosen.authors[0]]]
-            request.stats.count(f"won/{winner.name}")
-            request.emit(
-                SegmentSelected(
-                    round_,
-                    winner.name,
-                    chosen.text,
-                    {
-                        names[v]: {names[d]: float(matrix[v, j]) for j, d in enumerate(authors)}
-                        for v in range(len(self.members))
-                    },
-                    self.weights,
-                )
-            )
+            chosen, winner = self._select(request, round_, base, candidates, state)
             # The winner keeps its own draft tokens: sync finds them still spelling the text.
             winner.sync(base + chosen.text)
             tokens = max(winner.n_tokens - before[self.members.index(winner)], 0)
@@ -282,20 +276,78 @@ class SpecEM(Method):
                 return
             yield Commit(chosen.text, max(tokens, 1))
 
-    def _draft(self, request: Request) -> list[_Candidate]:
+    def _select(
+        self,
+        request: Request,
+        round_: int,
+        base: str,
+        candidates: list[_Candidate],
+        state: Feedback,
+    ) -> tuple[_Candidate, Member]:
+        """Verify the candidates, learn from the scores, vote: the round's winning candidate
+        and the member that drafted it (the first of its authors)."""
+        names = [m.name for m in self.members]
+        verified = len(candidates) > 1
+        if verified:
+            request.stats.ensembled += 1
+            shares = self._verify(base, candidates)
+        else:  # every drafter wrote the same: nothing to vote on
+            request.stats.count("consensus")
+            shares = torch.ones(len(self.members), 1, dtype=torch.float64)
+        # one column per drafter that wrote something (duplicates share their column)
+        columns = sorted((a, c) for c, cand in enumerate(candidates) for a in cand.authors)
+        matrix = shares[:, [c for _, c in columns]]
+        authors = [self.drafters[a] for a, _ in columns]
+        if self.feedback and verified:
+            rewards = win_rates(matrix, authors)
+            state.update(rewards, self.lr)
+            rewarded = dict(zip(names, rewards.tolist(), strict=True))
+            request.emit(WeightsUpdated(round_, state.named(names), rewarded))
+        elif self.feedback and self.schedule == "rounds":
+            state.tick()
+        request.stats.weights = state.named(names)
+        totals = (state.weights[:, None] * shares).sum(0).tolist()
+        chosen = candidates[max(range(len(candidates)), key=lambda c: (totals[c], -c))]
+        winner = self.members[self.drafters[chosen.authors[0]]]
+        if verified:
+            request.stats.count(f"won/{winner.name}")
+        scores = {
+            names[v]: {names[d]: float(matrix[v, j]) for j, d in enumerate(authors)}
+            for v in range(len(self.members))
+        }
+        request.emit(SegmentSelected(round_, winner.name, chosen.text, scores, state.named(names)))
+        return chosen, winner
+
+    def _draft_sampler(self, request: Request) -> Sampler:
+        """The request's own sampler, or one with the draft decoding options (seeded by the
+        request's seed, so a seeded request drafts the same way every time)."""
+        if self.draft_temperature is None and self.draft_top_p is None:
+            return request.sampler
+        config = request.config
+        temperature = self.draft_temperature
+        top_p = self.draft_top_p
+        return Sampler(
+            GenerationConfig(
+                temperature=config.temperature if temperature is None else temperature,
+                top_p=config.top_p if top_p is None else top_p,
+                seed=config.seed,
+            )
+        )
+
+    def _draft(self, request: Request, sampler: Sampler) -> list[_Candidate]:
         """Each drafter continues the committed text; distinct candidates in drafter order."""
         limit = min(self.segment_tokens, request.remaining)
         final = request.remaining <= self.segment_tokens  # the cap ends the text here anyway
         found: dict[tuple[str, bool], _Candidate] = {}
         drafters = [self.members[i] for i in self.drafters]
-        drafts = each(drafters, lambda m, s: m.draft(limit, s), request.sampler)
+        drafts = each(drafters, lambda m, s: m.draft(limit, s), sampler)
         for a, (member, draft) in enumerate(zip(drafters, drafts, strict=True)):
             text = member.text[len(request.text) :]
             if not (draft.stopped or final or len(draft.ids) < limit):
                 text = text[: clean_cut(text)]
             if not text and not draft.stopped:
                 continue  # no progress (a window is full, or only part of a character)
-            found.setdefault((text, draft.stopped), _Candidate(text, draft.stopped, []))
+            found.setdefault((text, draft.stopped), _Candidate(text, draft.stopped))
             found[text, draft.stopped].authors.append(a)
         return list(found.values())
 
@@ -323,7 +375,61 @@ class SpecEM(Method):
             "lr": self.lr,
             "persist_weights": self.persist_weights,
             "reuse_cache": self.reuse_cache,
+            "preset": self.preset,
+            "draft_temperature": self.draft_temperature,
+            "draft_top_p": self.draft_top_p,
+            "schedule": self.schedule,
         }
+
+
+def _drafters(members: Sequence, drafters: Sequence[int | str] | None) -> list[int]:
+    """The drafting members' indices (every member by default)."""
+    if drafters is None:
+        chosen = list(range(len(members)))
+    else:
+        if isinstance(drafters, (str, int)):
+            raise InvalidConfigError(
+                f"drafters must be a list of member indices or names, got {drafters!r}."
+            )
+        chosen = [pick_member(members, d, "drafters") for d in drafters]
+        if len(set(chosen)) != len(chosen):
+            raise InvalidConfigError(f"drafters lists a member twice: {list(drafters)!r}.")
+    if len(chosen) < 2:
+        raise InvalidConfigError(
+            "SpecEM picks among drafts, so drafters needs at least 2 members; pass more, "
+            "or use method='single'."
+        )
+    return chosen
+
+
+def _preset_options(
+    preset: str | None, temperature: float | None, top_p: float | None, schedule: str | None
+) -> tuple[float | None, float | None, str]:
+    """The drafts' temperature and top-p and the schedule: each given option, else the
+    preset's, else the default (the request's own decoding; t counting updates)."""
+    given = {"draft_temperature": temperature, "draft_top_p": top_p, "schedule": schedule}
+    chosen = {"draft_temperature": None, "draft_top_p": None, "schedule": "updates"}
+    if preset is not None:
+        check_choice("preset", preset, tuple(PRESETS))
+        chosen |= PRESETS[preset]
+    chosen |= {k: v for k, v in given.items() if v is not None}
+    temperature, top_p, schedule = chosen.values()
+    check_choice("schedule", schedule, SCHEDULES)
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if temperature is not None and not (number(temperature) and 0 <= temperature < math.inf):
+        raise InvalidConfigError(
+            f"draft_temperature={temperature!r} must be None (the request's own temperature) "
+            "or a number >= 0 (0 = greedy drafts); preset='paper' uses 0.6."
+        )
+    if top_p is not None and not (number(top_p) and 0 < top_p <= 1):
+        raise InvalidConfigError(
+            f"draft_top_p={top_p!r} must be None (the request's own top_p) or a number in "
+            "(0, 1]; preset='paper' uses 0.9."
+        )
+    return temperature, top_p, schedule
 
 
 METHOD = SpecEM

@@ -1,10 +1,15 @@
-"""Ensembling at every token (UniTE / GaC): the baseline SAFE is measured against.
+"""Token-level ensembling (UniTE / GaC): the baselines SAFE is measured against.
 
 Every step, every member gives its next-token distribution after the committed text (in its own
 canonical tokenization), the distributions are aligned on candidate strings (UniTE: union of the
 top-k; GaC: union of the full vocabularies), averaged, and the chosen string is appended to the
 text. Members whose tokens do not end where the chosen string ends are then fed a partial word:
 the "OOV-like" tokenization that makes every-token ensembling degrade on long outputs.
+
+As published, UniTE ensembles at every step, and GaC only where its main (first) member is
+unsure: where that member's top probability is above one half its own token is taken and no
+other member runs (`gate`, a "skip_gate" position; GaC's code and the SAFE paper's GaC runs).
+`gate=None` ensembles GaC at every step (E/T 100 %).
 """
 
 from __future__ import annotations
@@ -14,32 +19,43 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..aggregate import AGGREGATIONS, combine
-from ..events import TokenEnsembled
+from ..errors import InvalidConfigError
+from ..events import SkipGate, TokenEnsembled
 from ..parallel import each
-from ..vocab import EOS, UnionVocab, unite_union
+from ..vocab import EOS, SUBTOKEN_RULES, Aligned, UnionVocab, unite_union
 from .base import Commit, Method, Request, check_choice
 
 AGGREGATORS = ("unite", "gac")
+GATE = 0.5  # GaC's threshold on its main member's probability (SAFE+GaC applies it too)
+PAPER_GATES = {"unite": None, "gac": GATE}  # gate="paper": each method as published
 
 
 class Aligner:
     """Next-token distributions of several members -> probabilities over shared strings."""
 
-    def __init__(self, aggregator: str, top_k: int) -> None:
+    def __init__(self, aggregator: str, top_k: int, subtoken: str = "nonblank") -> None:
         check_choice("aggregator", aggregator, AGGREGATORS)
+        check_choice("subtoken", subtoken, SUBTOKEN_RULES)
         self.aggregator = aggregator
         self.top_k = top_k
+        self.subtoken = subtoken
+        # GaC's union of full vocabularies, built once per member set and shared by every
+        # request's copy (keyed by names: a member that leaves a request shifts the indices)
         self._unions: dict[tuple[str, ...], UnionVocab] = {}
 
-    def align(self, members, logprobs: Sequence[torch.Tensor]):
-        vocabs = [m.vocab for m in members]
-        stops = [m.stop_ids for m in members]
+    def align(self, members: Sequence, logprobs: Sequence[torch.Tensor]) -> Aligned:
+        """The first `len(logprobs)` of `members` (one row each) aligned on candidate strings."""
+        vocabs = [m.vocab for m in members[: len(logprobs)]]
+        stops = [m.stop_ids for m in members[: len(logprobs)]]
         if self.aggregator == "unite":
-            return unite_union(vocabs, stops, logprobs, k=self.top_k)
+            return unite_union(vocabs, stops, logprobs, k=self.top_k, subtoken=self.subtoken)
         key = tuple(m.name for m in members)
-        if key not in self._unions:  # built once per member set: GaC's union of vocabularies
+        if key not in self._unions:
+            vocabs, stops = [m.vocab for m in members], [m.stop_ids for m in members]
             self._unions[key] = UnionVocab(vocabs, stops)
-        return self._unions[key].align(logprobs)
+        union = self._unions[key]
+        rows = [union.project(m, lp) for m, lp in enumerate(logprobs)]
+        return Aligned(union.strings, torch.stack(rows))
 
 
 def top_candidates(strings: list[str], probs: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
@@ -48,6 +64,11 @@ def top_candidates(strings: list[str], probs: torch.Tensor, k: int = 5) -> list[
 
 
 class TokenEnsemble(Method):
+    """Options: `aggregator` ("unite" | "gac"), `top_k` (UniTE's k), `aggregation`
+    ("arithmetic" | "geometric"), `weights` (per member), `gate` ("paper": GaC's 0.5 for "gac",
+    none for "unite"; a number in (0, 1): ensemble only where the first member's top probability
+    is at most that; None: every step), `subtoken` (UniTE's sub-token rule, SUBTOKEN_RULES)."""
+
     name = "token"
     min_members = 2
 
@@ -58,38 +79,103 @@ class TokenEnsemble(Method):
         top_k: int = 10,
         aggregation: str = "arithmetic",
         weights: Sequence[float] | None = None,
+        gate: float | str | None = "paper",
+        subtoken: str = "nonblank",
     ) -> None:
         super().__init__(members)
         check_choice("aggregation", aggregation, AGGREGATIONS)
-        self.aligner = Aligner(aggregator, top_k)
+        self.aligner = Aligner(aggregator, top_k, subtoken)
         self.aggregation = aggregation
         self.weights = list(weights) if weights is not None else None
+        self.gate = PAPER_GATES[aggregator] if gate == "paper" else gate
+        if self.gate is not None and (
+            isinstance(self.gate, bool)
+            or not isinstance(self.gate, (int, float))
+            or not 0 < self.gate < 1
+        ):
+            raise InvalidConfigError(
+                f"gate={gate!r} must be 'paper' (GaC's 0.5 for aggregator='gac', none for "
+                "'unite'), a probability in (0, 1), or None (ensemble every token)."
+            )
 
     def run(self, request: Request) -> Iterator[Commit]:
         def next_row(member):
             member.sync(request.text)
-            boundary = [member.n_tokens]
+            boundary = [member.n_tokens]  # (under a grammar: what it allows there)
             return member.constrained_rows(member.logprobs(boundary), boundary)[0]
 
         position = 0
         while request.remaining > 0:
-            rows = each(self.members, next_row)  # remote members answer concurrently
-            aligned = self.aligner.align(self.members, rows)
-            probs = combine(aligned.probs, self.aggregation, self.weights)
-            chosen = aligned.strings[request.sampler.pick_probs(probs)]
-            request.stats.ensembled += 1
-            request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
+            if self.gate is None:  # every member at once (remote members answer concurrently)
+                chosen = self._ensembled(request, position, each(self.members, next_row))
+            else:  # the first member alone decides whether the others run
+                first = next_row(self.members[0])
+                chosen = self._gated(request, position, first)
+                if chosen is None:
+                    rows = [first, *each(self.members[1:], next_row)]
+                    chosen = self._ensembled(request, position, rows)
+            if chosen is None:  # only part of a character is allowed next
+                commit = self._first_alone(request)
+                position += commit.tokens
+                yield commit
+                if commit.finish:
+                    return
+                continue
             position += 1
             if chosen == EOS:
                 yield Commit("", 1, "stop")  # the stop token is a generated token
                 return
             yield Commit(chosen, 1)
 
+    def _gated(self, request: Request, position: int, row: torch.Tensor) -> str | None:
+        """GaC's gate: the first member's own token where it is sure (no other member runs),
+        else None."""
+        if self.gate is None:
+            return None
+        top = float(row.max().exp())
+        if top <= self.gate:
+            return None
+        own = self.aligner.align(self.members, [row])
+        if float(own.probs[0].max()) <= 0:
+            return None  # no whole string allowed: see _ensembled
+        request.emit(SkipGate(position, self.members[0].name, top))
+        request.stats.count("skip_gate")
+        return own.strings[request.sampler.pick_probs(own.probs[0])]
+
+    def _ensembled(self, request: Request, position: int, rows: list[torch.Tensor]) -> str | None:
+        """The ensemble's string, or None where a request's grammar allows only tokens that
+        spell part of a character (no string candidate exists)."""
+        aligned = self.aligner.align(self.members, rows)
+        probs = combine(aligned.probs, self.aggregation, self.weights)
+        if float(probs.max()) <= 0:
+            return None
+        chosen = aligned.strings[request.sampler.pick_probs(probs)]
+        request.stats.ensembled += 1
+        request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
+        return chosen
+
+    def _first_alone(self, request: Request) -> Commit:
+        """The grammar allows only tokens that spell part of a character (a character some
+        tokenizers write byte by byte): no string candidate exists, so the first member writes
+        that character alone, token by token, until its text ends on a whole character."""
+        member = self.members[0]
+        member.sync(request.text)
+        steps = 0
+        while steps < 4 and member.text == request.text:
+            draft = member.draft(1, request.sampler)
+            steps += 1
+            if draft.stopped or not draft.ids:
+                return Commit("", steps, "stop" if draft.stopped else "length")
+        request.stats.count("written_alone", steps)
+        return Commit(member.text[len(request.text) :], steps)
+
     def summary(self) -> dict:
         return {
             **super().summary(),
             "aggregator": self.aligner.aggregator,
             "aggregation": self.aggregation,
+            "gate": self.gate,
+            "subtoken": self.aligner.subtoken,
         }
 
 
