@@ -2,10 +2,10 @@
 
 The class only wires LangChain to the engine (`core.Ensemble`): message conversion is in
 `messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`, tools and schemas
-in `tools.py` and `structured.py`. Construction is
-cheap (nothing loads); the first request loads the models through `core.shared.shared_ensemble`,
-so every instance with the same models, method, options, device and dtype uses one engine (and
-one lock: `batch` and concurrent calls on shared members run one at a time).
+in `tools.py` and `structured.py`. Construction is cheap (nothing loads); the first request
+loads the models through `core.shared.shared_ensemble`, so every instance with the same models,
+method, options, device and dtype uses one engine (and one lock: `batch` and concurrent calls
+on shared members run one at a time).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
 from .outputs import Turn, aggregate
 from .structured import structured_output
-from .tools import openai_tools
+from .tools import one_per_name, openai_tools
 
 # Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
 _CALL_SETTINGS = {
@@ -305,8 +305,7 @@ class ChatEnsemble(BaseChatModel):
         LangChain's standard suite does with a model and its schema under one name."""
         per_call = {k: v for k, v in bound.items() if k != "ls_structured_output_format"}
         if isinstance(per_call.get("tools"), list):
-            named = {tool["function"]["name"]: tool for tool in per_call["tools"]}
-            per_call["tools"] = list(named.values())
+            per_call["tools"] = one_per_name(per_call["tools"])
         self._config(None, per_call)
         return self.bind(**bound)
 

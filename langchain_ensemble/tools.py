@@ -45,6 +45,21 @@ def openai_tools(tools: Any, strict: bool | None = None) -> list[dict[str, Any]]
     return converted
 
 
+def one_per_name(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools without a second one of the same name (for checks that must not refuse a
+    duplicate yet); tools without a name are all kept, for the engine to judge."""
+    seen: set[str] = set()
+    kept = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or name not in seen:
+            kept.append(tool)
+        if isinstance(name, str):
+            seen.add(name)
+    return kept
+
+
 def tool_name(schema: Any) -> str:
     """The name LangChain gives a schema when it is bound as a tool."""
     return openai_tools([schema])[0]["function"]["name"]
