@@ -190,7 +190,7 @@ class Ensemble:
         finally:
             deltas.close()
 
-    async def astream(
+    def astream(
         self,
         messages: Messages,
         config: GenerationConfig | None = None,
@@ -199,10 +199,9 @@ class Ensemble:
         **overrides: Any,
     ) -> AsyncIterator[Delta]:
         """`stream` on a worker thread: the event loop keeps running while models compute, and
-        cancelling the consumer stops the request at its next forward pass."""
-        iterator = self.stream(messages, config, on_event=on_event, **overrides)
-        async for delta in iterate_in_thread(iterator):
-            yield delta
+        cancelling the consumer stops the request at its next forward pass. The request is
+        checked here, at the call, as `stream` does."""
+        return iterate_in_thread(self.stream(messages, config, on_event=on_event, **overrides))
 
     async def agenerate(
         self,
