@@ -5,24 +5,78 @@ roles alternate, few know a `tool` role), so messages are first normalised (role
 consecutive same-role messages merged; an optional `name` is kept and passed to the template,
 which renders or ignores it) and a template that refuses a system or tool message gets
 it folded into a user turn instead of failing the request.
+
+Tool use follows the same idea. Each member gets the tools through its own template
+(`apply_chat_template(..., tools=...)`) where the template renders them, and as a system block
+(the tools' JSON) where it ignores them; either way the same short instruction states the one
+canonical call syntax of `core.tools`. Past calls and tool results go to a template natively
+when it knows tool calls; otherwise the calls become their canonical text in the assistant turn
+and each result a `<tool_response>` block in a user turn. The instruction texts live here, in
+one place, because the testbed models are trained on exactly this rendering.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ChatTemplateError, InvalidMessagesError
+from .errors import ChatTemplateError, InvalidConfigError, InvalidMessagesError
+from .tools import format_tool_call, format_tool_calls
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"human": "user", "ai": "assistant", "model": "assistant", "function": "tool"}
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role, content[, name][, tool_calls (assistant)][, tool_call_id (tool)]
+
+# --------------------------------------------------------------------------- instruction texts
+
+TOOLS_INSTRUCTION = "To call a tool, reply with the call in this form:\n" + format_tool_call(
+    "tool_name", {"argument": "value"}
+)
+TOOLS_HEADER = "You can use these tools:"
+RESPONSE_FORMAT_INSTRUCTION = "Write the final answer as JSON only, following this JSON schema:"
+TOOL_RESPONSE_OPEN = "<tool_response>\n"
+TOOL_RESPONSE_CLOSE = "\n</tool_response>"
+TOOL_RESPONSE_SEPARATOR = "\n"  # between consecutive results folded into one user turn
+
+
+def tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
+    """What a member whose template ignores `tools` reads: one JSON line per tool (the function
+    part of each OpenAI spec), then the call instruction."""
+    lines = [json.dumps(dict(tool["function"]), ensure_ascii=False) for tool in tools]
+    return "\n".join([TOOLS_HEADER, *lines]) + "\n\n" + TOOLS_INSTRUCTION
+
+
+def response_format_instruction(schema: Mapping[str, Any]) -> str:
+    """The request for a JSON reply, with the schema on one line."""
+    return f"{RESPONSE_FORMAT_INSTRUCTION}\n{json.dumps(schema, ensure_ascii=False)}"
+
+
+def tool_response_text(content: str) -> str:
+    """One tool result as a template without a tool role reads it (the Qwen/Hermes wrapping)."""
+    return f"{TOOL_RESPONSE_OPEN}{content}{TOOL_RESPONSE_CLOSE}"
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+def _utf8(text: str, what: str) -> str:
+    """Tokenizers crash on text that has no UTF-8 form (a lone surrogate): say so here."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidMessagesError(
+            f"{what} cannot be encoded as UTF-8: {text[error.start]!r} at position "
+            f"{error.start} is a lone surrogate. Decode the source text properly, or replace such "
+            "characters, e.g. text.encode('utf-8', 'replace').decode('utf-8')."
+        ) from None
+    return text
 
 
 def _content_text(content: Any, index: int) -> str:
     if isinstance(content, str):
-        return content
+        return _utf8(content, f"message {index}'s content")
     if isinstance(content, Sequence):  # OpenAI-style content parts: keep the text ones
         parts = []
         for part in content:
@@ -35,14 +89,117 @@ def _content_text(content: Any, index: int) -> str:
                     f"message {index} has a non-text content part {part!r}; these models read "
                     "text only, so pass plain strings or {'type': 'text', 'text': ...} parts."
                 )
-        return "".join(parts)
+        return _utf8("".join(parts), f"message {index}'s content")
     raise InvalidMessagesError(
         f"message {index} has content of type {type(content).__name__}; pass a string."
     )
 
 
+_CALL_SHAPE = (
+    "write each call as {'id': 'call_1', 'type': 'function', 'function': {'name': 'add', "
+    "'arguments': {'a': 1}}} (arguments a dict or a JSON object string)"
+)
+
+
+def _tool_calls(raw: Any, index: int) -> list[dict[str, Any]]:
+    """An assistant message's calls, OpenAI style, arguments parsed to a dict (templates write
+    them with `tojson`, so a string would be encoded twice)."""
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+        raise InvalidMessagesError(
+            f"message {index} has tool_calls of type {type(raw).__name__}; pass a list: "
+            f"{_CALL_SHAPE}."
+        )
+    calls = []
+    for k, call in enumerate(raw):
+        where = f"message {index}'s tool call {k}"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidMessagesError(f"{where} has no function name; {_CALL_SHAPE}.")
+        if call.get("type", "function") != "function":
+            raise InvalidMessagesError(
+                f"{where} has type {call['type']!r}; only 'function' calls exist: {_CALL_SHAPE}."
+            )
+        arguments = function.get("arguments")
+        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+            arguments = {}
+        elif isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as error:
+                raise InvalidMessagesError(
+                    f"{where} ({name!r}) has arguments that are not valid JSON ({error}); "
+                    f"{_CALL_SHAPE}."
+                ) from None
+        if not isinstance(arguments, Mapping):
+            raise InvalidMessagesError(
+                f"{where} ({name!r}) has arguments {arguments!r}; they must be a JSON object "
+                f"(a dict): {_CALL_SHAPE}."
+            )
+        try:
+            _utf8(name + json.dumps(arguments, ensure_ascii=False), where)
+        except TypeError as error:
+            raise InvalidMessagesError(
+                f"{where} ({name!r}) has arguments that are not JSON data ({error}); {_CALL_SHAPE}."
+            ) from None
+        call_id = call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise InvalidMessagesError(f"{where} has id {call_id!r}; pass a string id or none.")
+        entry: dict[str, Any] = {"id": call_id} if call_id is not None else {}
+        entry.update(type="function", function={"name": name, "arguments": dict(arguments)})
+        calls.append(entry)
+    return calls
+
+
+def _one_message(message: Any, index: int) -> Message:
+    if not isinstance(message, Mapping) or "role" not in message:
+        raise InvalidMessagesError(
+            f"message {index} is {message!r}; each message must be a dict with 'role' and "
+            "'content' keys."
+        )
+    role = _ROLE_ALIASES.get(str(message["role"]), str(message["role"]))
+    if role not in ROLES:
+        raise InvalidMessagesError(
+            f"message {index} has unknown role {message['role']!r}; use one of {', '.join(ROLES)}."
+        )
+    raw_calls = message.get("tool_calls") if role == "assistant" else None
+    calls = _tool_calls(raw_calls, index) if raw_calls else []
+    content = message.get("content", "")
+    content = _content_text("" if content is None and calls else content, index)
+    out: Message = {"role": role, "content": content}
+    name = message.get("name")  # a speaker name: passed on, each template decides
+    if isinstance(name, str) and name:
+        out["name"] = _utf8(name, f"message {index}'s name")
+    if calls:
+        out["tool_calls"] = calls
+    call_id = message.get("tool_call_id") if role == "tool" else None
+    if call_id is not None:
+        if not isinstance(call_id, str):
+            raise InvalidMessagesError(
+                f"message {index} has tool_call_id {call_id!r}; pass the id (a string) of the "
+                "call this result answers."
+            )
+        out["tool_call_id"] = call_id
+    return out
+
+
+def _merge(previous: Message, message: Message) -> Message:
+    merged: Message = {
+        "role": message["role"],
+        "content": f"{previous['content']}\n\n{message['content']}",
+    }
+    name = message.get("name")
+    if name and previous.get("name") == name:  # merged turns keep only a shared name
+        merged["name"] = name
+    calls = previous.get("tool_calls", []) + message.get("tool_calls", [])
+    if calls:
+        merged["tool_calls"] = calls
+    return merged
+
+
 def normalize_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[Message]:
-    """Validate roles and content, and merge consecutive messages of the same role."""
+    """Validate roles, content and tool calls; merge consecutive messages of the same role,
+    except tool results, which stay one message each (each answers its own call)."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     if not messages:
@@ -51,29 +208,16 @@ def normalize_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[Mess
             "[{'role': 'user', 'content': 'Hello'}] or a plain string."
         )
     out: list[Message] = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or "role" not in message:
-            raise InvalidMessagesError(
-                f"message {index} is {message!r}; each message must be a dict with 'role' and "
-                "'content' keys."
-            )
-        role = _ROLE_ALIASES.get(str(message["role"]), str(message["role"]))
-        if role not in ROLES:
-            raise InvalidMessagesError(
-                f"message {index} has unknown role {message['role']!r}; use one of "
-                f"{', '.join(ROLES)}."
-            )
-        content = _content_text(message.get("content", ""), index)
-        name = message.get("name")  # a speaker name: passed on, each template decides
-        name = name if isinstance(name, str) else None
-        if out and out[-1]["role"] == role:
-            merged = {"role": role, "content": f"{out[-1]['content']}\n\n{content}"}
-            if name and out[-1].get("name") == name:  # merged turns keep only a shared name
-                merged["name"] = name
-            out[-1] = merged
+    for index, raw in enumerate(messages):
+        message = _one_message(raw, index)
+        if out and out[-1]["role"] == message["role"] != "tool":
+            out[-1] = _merge(out[-1], message)
         else:
-            out.append({"role": role, "content": content, **({"name": name} if name else {})})
+            out.append(message)
     return out
+
+
+# --------------------------------------------------------------------------- fallbacks
 
 
 def _fold_system(messages: list[Message]) -> list[Message]:
@@ -88,11 +232,33 @@ def _fold_system(messages: list[Message]) -> list[Message]:
     return [{"role": "user", "content": system}, *rest]
 
 
-def _tools_as_user(messages: list[Message]) -> list[Message]:
-    mapped = [
-        {"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages
-    ]
-    return normalize_messages(mapped)
+def tool_use_as_text(messages: list[Message]) -> list[Message]:
+    """For templates that know no tool calls: each call as its canonical text in the assistant
+    turn, and each run of tool results as one user turn of `<tool_response>` blocks."""
+    out: list[Message] = []
+    in_results = False  # the last turn of `out` holds tool results
+    for m in messages:
+        if m["role"] == "tool":
+            block = tool_response_text(m["content"])
+            if in_results:
+                out[-1] = {
+                    "role": "user",
+                    "content": out[-1]["content"] + TOOL_RESPONSE_SEPARATOR + block,
+                }
+            else:
+                out.append({"role": "user", "content": block})
+            in_results = True
+            continue
+        in_results = False
+        if m.get("tool_calls"):
+            calls = format_tool_calls(
+                [(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
+            )
+            text = f"{m['content']}\n{calls}" if m["content"] else calls
+            out.append({k: v for k, v in m.items() if k != "tool_calls"} | {"content": text})
+        else:
+            out.append(m)
+    return normalize_messages(out)
 
 
 def _starts_with_user(messages: list[Message]) -> list[Message]:
@@ -103,22 +269,100 @@ def _starts_with_user(messages: list[Message]) -> list[Message]:
     return messages
 
 
-def render_prompt(tokenizer, messages: list[Message], member: str) -> str:
-    """The member's prompt text, ending with its assistant header (generation prompt)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ChatTemplateError(
-            f"member {member!r} has no chat template; use a chat/instruct model, or give the "
-            "model directory one (chat_template.jinja, or 'chat_template' in "
-            "tokenizer_config.json)."
+def _with_system_text(messages: list[Message], text: str) -> list[Message]:
+    """`text` appended to the leading system message (or as one); folding places it later."""
+    if messages[0]["role"] == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{text}" if first["content"] else text
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+# --------------------------------------------------------------------------- tools and schemas
+
+
+def _tool_specs(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise InvalidConfigError(
+            f"tools is a {type(tools).__name__}; pass a list of OpenAI-style specs: "
+            "[{'type': 'function', 'function': {'name': ..., 'description': ..., "
+            "'parameters': {JSON schema}}}]."
         )
+    specs = []
+    for k, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if (
+            not isinstance(function, Mapping)
+            or not isinstance(function.get("name"), str)
+            or tool.get("type", "function") != "function"
+        ):
+            raise InvalidConfigError(
+                f"tool {k} is {tool!r}; pass OpenAI-style specs: {{'type': 'function', "
+                "'function': {'name': ..., 'description': ..., 'parameters': {JSON schema}}}."
+            )
+        try:
+            _utf8(json.dumps(tool, ensure_ascii=False), f"tool {k}")
+        except (TypeError, InvalidMessagesError) as error:
+            raise InvalidConfigError(f"tool {k} is not JSON text: {error}") from None
+        specs.append({"type": "function", "function": dict(function)})
+    return specs
+
+
+def _schema(response_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise InvalidConfigError(
+            f"response_format is a {type(response_format).__name__}; pass a JSON schema dict "
+            "(e.g. {'type': 'object', 'properties': {'answer': {'type': 'integer'}}}) or None."
+        )
+    try:
+        _utf8(json.dumps(response_format, ensure_ascii=False), "response_format")
+    except (TypeError, InvalidMessagesError) as error:
+        raise InvalidConfigError(f"response_format is not JSON text: {error}") from None
+    return dict(response_format)
+
+
+_PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": "probe-value"}}
+_PROBE = [
+    {"role": "user", "content": "probe-question"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "probe-id", "type": "function", "function": _PROBE_CALL}],
+    },
+    {"role": "tool", "content": "probe-result", "tool_call_id": "probe-id", "name": "probe_tool"},
+]
+
+
+def knows_tool_calls(tokenizer) -> bool:
+    """Whether the template writes an assistant's `tool_calls` and a `tool` result: one that
+    drops them (a generic ChatML template) or raises on them gets `tool_use_as_text`."""
+    try:
+        text = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+    except Exception:  # jinja raise_exception / TemplateError
+        return False
+    return all(s in text for s in ("probe_tool", "probe-value", "probe-result"))
+
+
+def _has_tool_use(messages: list[Message]) -> bool:
+    return any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _render(tokenizer, messages: list[Message], member: str, tools: list | None = None) -> str:
     attempts = [messages]
-    for fix in (_fold_system, _tools_as_user, _starts_with_user):
+    for fix in (_fold_system, tool_use_as_text, _starts_with_user):
         attempts.append(fix(attempts[-1]))
     first_error: Exception | None = None
     for attempt in attempts:
         try:
             return tokenizer.apply_chat_template(
-                attempt, tokenize=False, add_generation_prompt=True
+                attempt, tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as error:  # jinja raise_exception / TemplateError: try the next form
             first_error = first_error or error
@@ -127,3 +371,35 @@ def render_prompt(tokenizer, messages: list[Message], member: str) -> str:
         "system and tool messages folded into user turns it failed. Check the roles and order "
         "of the messages."
     )
+
+
+def render_prompt(
+    tokenizer,
+    messages: list[Message],
+    member: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+) -> str:
+    """The member's prompt text, ending with its assistant header (generation prompt).
+
+    `tools`: OpenAI-style specs; `response_format`: a JSON schema the reply should follow."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError(
+            f"member {member!r} has no chat template; use a chat/instruct model, or give the "
+            "model directory one (chat_template.jinja, or 'chat_template' in "
+            "tokenizer_config.json)."
+        )
+    specs, schema = _tool_specs(tools), _schema(response_format)
+    if _has_tool_use(messages) and not knows_tool_calls(tokenizer):
+        messages = tool_use_as_text(messages)
+    native = bool(specs) and _render(tokenizer, messages, member, specs) != _render(
+        tokenizer, messages, member
+    )
+    extra = []
+    if specs:
+        extra.append(TOOLS_INSTRUCTION if native else tools_system_block(specs))
+    if schema is not None:
+        extra.append(response_format_instruction(schema))
+    if extra:
+        messages = _with_system_text(messages, "\n\n".join(extra))
+    return _render(tokenizer, messages, member, specs if native else None)

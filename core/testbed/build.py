@@ -1,6 +1,6 @@
 """Build the testbed: tokenizers, three trained models, and a report. Deterministic.
 
-    python -m core.testbed.build                     # everything (~11 min on 2 idle CPU cores)
+    python -m core.testbed.build                     # everything (~16 min on 2 idle CPU cores)
     python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
     python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
 
@@ -19,20 +19,22 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from .data import tokenizer_corpus
-from .evaluate import answers
+from .evaluate import answers, run_tool
 from .models import MEMBERS, MODELS_DIR, generation_config, make_config
 from .task import check_answer, make_problems
 from .tokenizers import load_tokenizer, train_tokenizer
 from .train import TrainConfig, train
 
 THREADS = 2
-MIX = {"cot": 0.55, "rag": 0.25, "react": 0.2}  # share of batches per form
+# Share of batches per form. The tool form takes a fifth of the batches; the steps grow so that
+# the other forms get as many batches as they had before it was added.
+MIX = {"cot": 0.44, "rag": 0.2, "react": 0.16, "tool": 0.2}
 RECIPES = {  # different mixes: mostly additions / mostly subtractions / mixed but brief
-    "tb-gpt2-bpe": TrainConfig(steps=800, lr=3e-3, p_add=0.7, seed=1, form_weights=MIX),
-    "tb-qwen2-spm": TrainConfig(steps=700, lr=3e-3, p_add=0.3, seed=2, form_weights=MIX),
-    "tb-llama-word": TrainConfig(steps=600, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
+    "tb-gpt2-bpe": TrainConfig(steps=1000, lr=3e-3, p_add=0.7, seed=1, form_weights=MIX),
+    "tb-qwen2-spm": TrainConfig(steps=875, lr=3e-3, p_add=0.3, seed=2, form_weights=MIX),
+    "tb-llama-word": TrainConfig(steps=750, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
 }
-EVAL = {"cot": 200, "rag": 50, "react": 20}  # held-out problems per form, seed 1
+EVAL = {"cot": 200, "rag": 50, "react": 20, "tool": 100}  # held-out problems per form, seed 1
 
 
 def build_tokenizers() -> None:
@@ -67,6 +69,12 @@ def evaluate_all() -> dict:
         t0, res = time.time(), {}
         for form, n in EVAL.items():
             problems = make_problems(n, seed=1, form=form)
+            if form == "tool":  # the decision, the arguments, the answer after the result
+                runs = [run_tool(model, tok, p) for p in problems]
+                res["tool_name"] = sum(r["tool_right"] for r in runs) / n
+                res["tool_args"] = sum(r["args_right"] for r in runs) / n
+                res["tool"] = sum(r["answer_right"] for r in runs) / n
+                continue
             texts = answers(model, tok, problems)
             right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
             res[form] = sum(right) / n
@@ -77,11 +85,17 @@ def evaluate_all() -> dict:
         res["eval_seconds"] = round(time.time() - t0, 1)
         print(
             f"{name}: "
-            + ", ".join(f"{f} {res[f]:.3f}" for f in EVAL)
+            + ", ".join(f"{f} {res[f]:.3f}" for f in (*EVAL, "tool_name", "tool_args"))
             + f" ({res['eval_seconds']} s)"
         )
         results[name] = res
     return results
+
+
+HEADER = (
+    "| model | arch | tokenizer | parameters | steps | train s | cot | rag | react (finished) "
+    "| tool (tool / args / answer) | size |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def write_report(trained: dict, results: dict, build_seconds: float | None) -> None:
@@ -133,6 +147,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
             f"| {m} | {r['model_type']} | {r['tokenizer']} | {r.get('parameters', '?'):,} | "
             f"{r.get('steps', '?')} | {r.get('train_seconds', '?')} | {r['cot']:.1%} | "
             f"{r['rag']:.1%} | {r['react']:.1%} ({r['react_finished']:.0%}) | "
+            f"{r['tool_name']:.0%} / {r['tool_args']:.0%} / {r['tool']:.0%} | "
             f"{r['bytes'] / 1e6:.1f} MB |"
         )
     pair_lines = "\n".join(f"- {k}: {v:.1%}" for k, v in pairs.items())
@@ -141,10 +156,12 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
 Written by `python -m core.testbed.build`. Greedy `model.generate`, one problem at a time, on
 held-out problems (`make_problems(n, seed=1, form=..., split="test")`): {EVAL["cot"]} cot,
 {EVAL["rag"]} rag, {EVAL["react"]} react (the ReAct loop played with `calculator`, right if the
-final answer is). CPU, {THREADS} threads; times are wall clock, and grow when the machine is shared.
+final answer is), {EVAL["tool"]} tool (one turn played with the offered tools: the right decision
+and tool, no call where none is needed / also the right arguments / the right final answer after
+the tool's result, JSON where the problem asks for it). CPU, {THREADS} threads; times are wall
+clock, and grow when the machine is shared.
 
-| model | arch | tokenizer | parameters | steps | train s | cot | rag | react (finished) | size |
-|---|---|---|---|---|---|---|---|---|---|
+{HEADER}
 {chr(10).join(rows)}
 
 - cot, at least one model right: **{either:.1%}**; all three right: {all_right:.1%}
