@@ -35,6 +35,7 @@ RECIPES = {  # different mixes: mostly additions / mostly subtractions / mixed b
     "tb-llama-word": TrainConfig(steps=750, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
 }
 EVAL = {"cot": 200, "rag": 50, "react": 20, "tool": 100}  # held-out problems per form, seed 1
+PER_PROBLEM = ("cot_right", "tool_answer_right")  # which held-out problems each model got right
 
 
 def build_tokenizers() -> None:
@@ -74,6 +75,7 @@ def evaluate_all() -> dict:
                 res["tool_name"] = sum(r["tool_right"] for r in runs) / n
                 res["tool_args"] = sum(r["args_right"] for r in runs) / n
                 res["tool"] = sum(r["answer_right"] for r in runs) / n
+                res["tool_answer_right"] = [r["answer_right"] for r in runs]
                 continue
             texts = answers(model, tok, problems)
             right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
@@ -116,7 +118,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
         "models": {
             m: {
                 **trained.get(m, {}),
-                **{k: v for k, v in results[m].items() if k != "cot_right"},
+                **{k: v for k, v in results[m].items() if k not in PER_PROBLEM},
                 "model_type": MEMBERS[m].model_type,
                 "tokenizer": MEMBERS[m].tokenizer,
                 "bytes": sizes[m],
@@ -136,7 +138,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
             "threads": THREADS,
             "machine": platform.machine(),
         },  # fmt: skip
-        "cot_right": {m: results[m]["cot_right"] for m in names},
+        **{key: {m: results[m][key] for m in names} for key in PER_PROBLEM},
     }
     (MODELS_DIR / "report.json").write_text(json.dumps(report, indent=1) + "\n")
 
