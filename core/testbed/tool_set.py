@@ -13,13 +13,14 @@ import hashlib
 import json
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_type_hints
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
 def calculator(expression: str) -> str:
-    """Evaluate integer +, - and * (no eval()); the observation text is the plain result."""
+    """Evaluate an arithmetic expression."""
+    # integer +, - and * only, without eval(); the result text is the plain number
 
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
@@ -37,14 +38,17 @@ def calculator(expression: str) -> str:
 
 
 def add(a: int, b: int) -> int:
+    """Add two integers."""
     return a + b
 
 
 def subtract(a: int, b: int) -> int:
+    """Subtract b from a."""
     return a - b
 
 
 def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
     return a * b
 
 
@@ -53,43 +57,15 @@ def _item_hash(item: str) -> int:
 
 
 def get_price(item: str) -> int:
-    """A fixed price in coins (1-9) for any item name."""
-    return 1 + _item_hash(item) % 9
+    """Look up the price of an item in coins."""
+    return 1 + _item_hash(item) % 9  # fixed per item name, 1-9
 
 
 def get_stock(item: str) -> int:
-    """A fixed stock count (10-49) for any item name."""
-    return 10 + (_item_hash(item) // 9) % 40
+    """Look up how many of an item the shop has."""
+    return 10 + (_item_hash(item) // 9) % 40  # fixed per item name, 10-49
 
 
-def _spec(name: str, description: str, params: dict[str, str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {p: {"type": t} for p, t in params.items()},
-                "required": list(params),
-            },
-        },
-    }
-
-
-INTS = {"a": "integer", "b": "integer"}
-TOOL_SPECS: dict[str, dict[str, Any]] = {
-    "add": _spec("add", "Add two integers.", INTS),
-    "subtract": _spec("subtract", "Subtract b from a.", INTS),
-    "multiply": _spec("multiply", "Multiply two integers.", INTS),
-    "calculator": _spec(
-        "calculator", "Evaluate an arithmetic expression.", {"expression": "string"}
-    ),
-    "get_price": _spec("get_price", "Look up the price of an item in coins.", {"item": "string"}),
-    "get_stock": _spec(
-        "get_stock", "Look up how many of an item the shop has.", {"item": "string"}
-    ),
-}
 TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "add": add,
     "subtract": subtract,
@@ -98,6 +74,31 @@ TOOL_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "get_price": get_price,
     "get_stock": get_stock,
 }
+_JSON_TYPES = {int: "integer", str: "string"}
+
+
+def _spec(function: Callable[..., Any]) -> dict[str, Any]:
+    """The function's spec, key for key as LangChain's `convert_to_openai_tool` writes it (the
+    docstring as description), so tools a user binds from these functions reach the models
+    exactly as they were trained."""
+    hints = get_type_hints(function)
+    hints.pop("return", None)
+    types = {param: _JSON_TYPES[kind] for param, kind in hints.items()}
+    return {
+        "type": "function",
+        "function": {
+            "name": function.__name__,
+            "description": function.__doc__,
+            "parameters": {
+                "properties": {p: {"type": t} for p, t in types.items()},
+                "required": list(types),
+                "type": "object",
+            },
+        },
+    }
+
+
+TOOL_SPECS: dict[str, dict[str, Any]] = {name: _spec(f) for name, f in TOOL_FUNCTIONS.items()}
 
 
 def call_tool(name: str, arguments: Mapping[str, Any]) -> str:
