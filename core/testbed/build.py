@@ -3,6 +3,7 @@
     python -m core.testbed.build                     # everything (~16 min on 2 idle CPU cores)
     python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
     python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
+    python -m core.testbed.build --jobs 3            # one process per model (same weights)
 
 Each model trains on its own mix, so that each is imperfect and their errors differ.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import time
 
@@ -60,38 +62,47 @@ def build_model(name: str) -> dict:
             "final_loss": round(info["final_loss"], 4), "p_add": recipe.p_add}  # fmt: skip
 
 
-def evaluate_all() -> dict:
-    """Greedy accuracy per model and form; which cot problems each got right."""
-    results = {}
-    for name in MEMBERS:
-        path = MODELS_DIR / name
-        tok = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-        t0, res = time.time(), {}
-        for form, n in EVAL.items():
-            problems = make_problems(n, seed=1, form=form)
-            if form == "tool":  # the decision, the arguments, the answer after the result
-                runs = [run_tool(model, tok, p) for p in problems]
-                res["tool_name"] = sum(r["tool_right"] for r in runs) / n
-                res["tool_args"] = sum(r["args_right"] for r in runs) / n
-                res["tool"] = sum(r["answer_right"] for r in runs) / n
-                res["tool_answer_right"] = [r["answer_right"] for r in runs]
-                continue
-            texts = answers(model, tok, problems)
-            right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
-            res[form] = sum(right) / n
-            if form == "cot":
-                res["cot_right"] = right
-            if form == "react":  # the loop reached a final answer through well-formed steps
-                res["react_finished"] = sum(t != "" for t in texts) / n
-        res["eval_seconds"] = round(time.time() - t0, 1)
-        print(
-            f"{name}: "
-            + ", ".join(f"{f} {res[f]:.3f}" for f in (*EVAL, "tool_name", "tool_args"))
-            + f" ({res['eval_seconds']} s)"
-        )
-        results[name] = res
-    return results
+def evaluate_model(name: str) -> dict:
+    """Greedy accuracy of one saved model per form; which cot and tool problems it got right."""
+    path = MODELS_DIR / name
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    t0, res = time.time(), {}
+    for form, n in EVAL.items():
+        problems = make_problems(n, seed=1, form=form)
+        if form == "tool":  # the decision, the arguments, the answer after the result
+            runs = [run_tool(model, tok, p) for p in problems]
+            res["tool_name"] = sum(r["tool_right"] for r in runs) / n
+            res["tool_args"] = sum(r["args_right"] for r in runs) / n
+            res["tool"] = sum(r["answer_right"] for r in runs) / n
+            res["tool_answer_right"] = [r["answer_right"] for r in runs]
+            continue
+        texts = answers(model, tok, problems)
+        right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
+        res[form] = sum(right) / n
+        if form == "cot":
+            res["cot_right"] = right
+        if form == "react":  # the loop reached a final answer through well-formed steps
+            res["react_finished"] = sum(t != "" for t in texts) / n
+    res["eval_seconds"] = round(time.time() - t0, 1)
+    print(
+        f"{name}: "
+        + ", ".join(f"{f} {res[f]:.3f}" for f in (*EVAL, "tool_name", "tool_args"))
+        + f" ({res['eval_seconds']} s)"
+    )
+    return res
+
+
+def _in_processes(job, jobs: int) -> dict:
+    """`job(name)` for every model, in `jobs` processes at once (1: here, one after the other).
+    Each process uses THREADS threads, so the weights are the same either way."""
+    if jobs <= 1:
+        return {name: job(name) for name in MEMBERS}
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(
+        min(jobs, len(MEMBERS)), initializer=torch.set_num_threads, initargs=(THREADS,)
+    ) as pool:
+        return dict(zip(MEMBERS, pool.map(job, MEMBERS), strict=True))
 
 
 HEADER = (
@@ -180,6 +191,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--only", choices=["tokenizers", "eval"], default=None)
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="models trained and evaluated at once (processes)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     t0 = time.time()
@@ -199,8 +213,8 @@ def main() -> None:
         build_tokenizers()
         if args.only == "tokenizers":
             return
-        trained = {name: build_model(name) for name in MEMBERS}
-    results = evaluate_all()
+        trained = _in_processes(build_model, args.jobs)
+    results = _in_processes(evaluate_model, args.jobs)
     write_report(trained, results, None if args.only == "eval" else time.time() - t0)
 
 
