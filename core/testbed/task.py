@@ -13,8 +13,8 @@ One seeded generator, four renderings of the same problems:
   JSON when ``Problem.response_format`` asks for it). A share of questions needs none of the
   offered tools and is answered directly, step by step as in ``cot``.
 
-The held-out split is decided by a hash of the numbers and operations, so no evaluation problem's
-number combination ever occurs in training.
+The held-out split is decided by a hash of the numbers and operations (and of the item, for the
+tool form's look-ups), so no evaluation problem's number combination ever occurs in training.
 """
 
 from __future__ import annotations
