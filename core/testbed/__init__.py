@@ -61,12 +61,13 @@ from .task import (
 )
 from .tool_set import TOOL_FUNCTIONS, TOOL_SPECS, calculator, call_tool
 
-# Best first: methods use the first member as the drafter by default.
+# The best model first (methods use the first member as the drafter by default), then one per
+# remaining tokenizer family: bpe, spm, word.
 MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
 
 
 def model_paths() -> list[Path]:
-    """The shipped models' directories, in a fixed order (best-performing first)."""
+    """The shipped models' directories, in a fixed order (the best model first)."""
     return [MODELS_DIR / name for name in MODEL_ORDER]
 
 

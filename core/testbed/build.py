@@ -20,6 +20,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+from . import MODEL_ORDER
 from .data import tokenizer_corpus
 from .evaluate import answers, run_tool
 from .models import MEMBERS, MODELS_DIR, generation_config, make_config
@@ -143,7 +144,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
         "cot_any_right": either,
         "cot_all_right": all_right,
         "cot_pair_any_right": pairs,
-        "order_best_first": order,
+        "cot_ranking": order,
         "build_seconds": None if build_seconds is None else round(build_seconds),
         "total_bytes": sum(sizes.values()),
         "environment": {
@@ -182,7 +183,8 @@ models in parallel processes; times are wall clock, and grow when the machine is
 
 - cot, at least one model right: **{either:.1%}**; all three right: {all_right:.1%}
 {pair_lines}
-- order (best cot first, as `model_paths()` returns them): {", ".join(order)}
+- ranking by cot accuracy: {", ".join(order)}; `model_paths()` order: {", ".join(MODEL_ORDER)}
+  (the first is the methods' default drafter)
 - total size: {report["total_bytes"] / 1e6:.1f} MB; build time: {report["build_seconds"]} s
 """
     (MODELS_DIR / "REPORT.md").write_text(md)
@@ -203,10 +205,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     t0 = time.time()
-    trained = {}
-    if args.only == "eval":
+    trained, build_seconds = {}, None
+    if args.only == "eval":  # the report keeps describing the build that made the models
         old = MODELS_DIR / "report.json"
         if old.exists():
+            build_seconds = json.loads(old.read_text()).get("build_seconds")
             trained = {
                 m: {
                     k: v
@@ -221,7 +224,9 @@ def main() -> None:
             return
         trained = _in_processes(build_model, args.jobs)
     results = _in_processes(evaluate_model, args.jobs)
-    write_report(trained, results, None if args.only == "eval" else time.time() - t0)
+    if args.only != "eval":
+        build_seconds = time.time() - t0
+    write_report(trained, results, build_seconds)
 
 
 if __name__ == "__main__":
