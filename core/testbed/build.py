@@ -1,6 +1,6 @@
 """Build the testbed: tokenizers, three trained models, and a report. Deterministic.
 
-    python -m core.testbed.build                     # everything (~16 min on 2 idle CPU cores)
+    python -m core.testbed.build                     # everything (28 min on 2 busy CPU cores)
     python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
     python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
     python -m core.testbed.build --jobs 1            # one model after the other (same weights)
