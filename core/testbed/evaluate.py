@@ -3,13 +3,12 @@ so the numbers are what a single-model run of the engine should reproduce)."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import torch
 
-from ..tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from ..tools import parse_tool_calls
 from .data import prompt_ids
 from .task import (
     CALCULATOR_ARG,
@@ -70,22 +69,13 @@ def run_react(model, tok, problem: Problem, max_steps: int = 4) -> tuple[str, li
     return "", steps
 
 
-_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + "(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
 
 
 def first_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
-    """The first canonical call in `text` as (name, arguments), or None (no call, or one that is
-    not well-formed JSON with a name and an arguments object)."""
-    match = _CALL_RE.search(text)
-    if not match:
-        return None
-    try:
-        body = json.loads(match.group(1))
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or not isinstance(body.get("arguments"), dict):
-        return None
-    return (body["name"], body["arguments"]) if isinstance(body.get("name"), str) else None
+    """The first well-formed call in `text` as (name, arguments), or None (the engine's parser,
+    `core.tools.parse_tool_calls`)."""
+    _, calls, _ = parse_tool_calls(text)
+    return (calls[0].name, calls[0].arguments) if calls else None
 
 
 def run_tool(model, tok, problem: Problem) -> dict[str, Any]:
