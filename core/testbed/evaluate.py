@@ -69,8 +69,6 @@ def run_react(model, tok, problem: Problem, max_steps: int = 4) -> tuple[str, li
     return "", steps
 
 
-
-
 def first_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
     """The first well-formed call in `text` as (name, arguments), or None (the engine's parser,
     `core.tools.parse_tool_calls`)."""
