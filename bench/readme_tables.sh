@@ -46,9 +46,10 @@ safe() {  # SAFE in both drafter orders: bpe (coarser digits) and spm (finer dig
   $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/safe" \
     --model "$MODELS/tb-gpt2-bpe" --model "$MODELS/tb-qwen2-spm" \
     --methods single --aggregator unite,gac \
-    --config "token unite=token:aggregator=unite" --config "token gac=token:aggregator=gac" \
-    --config "token unite geometric=token:aggregator=unite,aggregation=geometric" \
-    --config "token gac geometric=token:aggregator=gac,aggregation=geometric" \
+    --config "token unite (published: non-blank sub-token)=token:aggregator=unite" \
+    --config "token unite, first sub-token=token:aggregator=unite,subtoken=first" \
+    --config "token gac (published: gated at 0.5)=token:aggregator=gac" \
+    --config "token gac, every token=token:aggregator=gac,gate=none" \
     "${configs[@]}"
 }
 
