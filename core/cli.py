@@ -116,11 +116,69 @@ def generate(args: argparse.Namespace) -> None:
     )
 
 
+def _command(args: argparse.Namespace) -> str:
+    return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
+
+
+def _members_and_setups(args: argparse.Namespace):
+    """The loaded members and one setup per method at its default options (plus --config), for
+    the benchmarks that compare methods under load, grammar or tools."""
+    from .bench import load_members, method_setups
+
+    if args.remote:
+        raise InvalidConfigError(
+            "--remote compares served models in the accuracy/speed table only; drop it with "
+            "--concurrency, --grammar-cost or --form tool."
+        )
+    methods = [m for m in args.methods.split(",") if m]
+    if args.aggregator is not None:
+        raise InvalidConfigError(
+            "--aggregator expands the accuracy/speed table's configurations; with "
+            "--concurrency, --grammar-cost or --form tool each method runs at its default "
+            "options: add others with --config label=method:aggregator=gac."
+        )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    members = load_members(args.model, args.device, args.dtype, args.shape, args.ignore_stop)
+    names = [m.name for m in members]
+    return members, method_setups(methods, len(members), args.config, names)
+
+
+def _bench_concurrency(args: argparse.Namespace) -> None:
+    from . import bench_concurrency
+    from .bench import load_task
+
+    levels = bench_concurrency.parse_levels(args.concurrency)
+    if args.temperature:
+        raise InvalidConfigError(
+            "--concurrency compares every request's text with its text alone, which needs "
+            "greedy decoding; drop --temperature."
+        )
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    result = bench_concurrency.run(
+        members=members,
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        levels=levels,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    print(args.out.rstrip("/") + "/results.md")
+    print(bench_concurrency.markdown(result))
+
+
 def bench(args: argparse.Namespace) -> None:
     from .bench import markdown_table, parse_setups, run
 
+    if args.concurrency:
+        return _bench_concurrency(args)
     methods = [m for m in args.methods.split(",") if m]
-    aggregators = [a for a in args.aggregator.split(",") if a]
+    aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
 
     def setups_from(names: list[str]):
         return parse_setups(methods, aggregators, len(names), args.config, names)
@@ -141,7 +199,7 @@ def bench(args: argparse.Namespace) -> None:
         temperature=args.temperature,
         ignore_stop=args.ignore_stop,
         remote=args.remote,
-        command="llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv),
+        command=_command(args),
     )
     print(args.out.rstrip("/") + "/results.md")
     print(markdown_table(result["rows"], with_accuracy=args.shape is None))
@@ -178,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure methods side by side in one run")
     p.add_argument("--methods", default="single,token,safe,specem")
-    p.add_argument("--aggregator", default="unite,gac", help="for token and safe")
+    p.add_argument("--aggregator", default=None, help="for token and safe (default: unite,gac)")
     p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
     p.add_argument(
@@ -209,6 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a vLLM server's URL serving the n-th model (repeat per model): every "
         "configuration also runs with its members on the servers, in the same run",
+    )
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="LEVELS",
+        help="e.g. 1,2,4,8,16: every method (default options) at each number of concurrent "
+        "requests, against the same requests one at a time (tokens/s, latency, same text)",
     )
     p.set_defaults(func=bench)
     return parser
