@@ -205,6 +205,46 @@ def bench(args: argparse.Namespace) -> None:
     print(markdown_table(result["rows"], with_accuracy=args.shape is None))
 
 
+def soak(args: argparse.Namespace) -> None:
+    from . import bench_soak
+    from .bench import load_members, load_task, method_setups
+
+    for name in ("requests", "workers", "tasks", "window", "problems"):
+        if getattr(args, name) < 1:
+            raise InvalidConfigError(f"--{name} must be at least 1, got {getattr(args, name)}.")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    task = load_task("arithmetic", args.problems, args.seed)
+    members = load_members(args.model, args.device, args.dtype)
+    names = [m.name for m in members]
+    methods = [m for m in args.methods.split(",") if m]
+    result = bench_soak.run(
+        members=members,
+        models=args.model,
+        setups=method_setups(methods, len(members), args.config, names),
+        problems=[messages for messages, _ in task.items],
+        requests=args.requests,
+        threads=args.workers,
+        tasks=args.tasks,
+        window=args.window,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        out=args.out,
+        command=_command(args),
+    )
+    print(args.out.rstrip("/") + "/results.md")
+    print(bench_soak.markdown(result))
+    if result["mismatches"] or result["held_slots"]:
+        raise EnsembleError(
+            f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "
+            f"{result['held_slots']} request slots are still held; see {args.out}/results.md."
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-ensembling", description="Several local LLMs answering as one."
@@ -276,6 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
         "requests, against the same requests one at a time (tokens/s, latency, same text)",
     )
     p.set_defaults(func=bench)
+
+    p = sub.add_parser(
+        "soak",
+        help="many requests of every kind (threads, asyncio, abandoned and cancelled streams, "
+        "injected member failures): memory, latency and answers over time",
+    )
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--methods", default="single,token,safe,specem")
+    p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
+    p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
+    p.add_argument("--workers", type=int, default=6, help="request threads")
+    p.add_argument("--tasks", type=int, default=6, help="asyncio tasks at once")
+    p.add_argument("--window", type=int, default=100, help="requests per measurement")
+    p.add_argument("--problems", type=int, default=24, help="distinct held-out problems")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--out", default="bench-out/soak")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=soak)
     return parser
 
 
