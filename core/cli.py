@@ -172,11 +172,39 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
     print(bench_concurrency.markdown(result))
 
 
+def _bench_grammar(args: argparse.Namespace) -> None:
+    from . import bench_grammar
+    from .bench import load_task
+
+    if args.temperature:
+        raise InvalidConfigError(
+            "--grammar-cost compares the same texts with and without a grammar, which needs "
+            "greedy decoding; drop --temperature."
+        )
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    result = bench_grammar.run(
+        members=members,
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    print(args.out.rstrip("/") + "/results.md")
+    print(bench_grammar.markdown(result))
+
+
 def bench(args: argparse.Namespace) -> None:
     from .bench import markdown_table, parse_setups, run
 
+    if args.concurrency and args.grammar_cost:
+        raise InvalidConfigError("--concurrency and --grammar-cost are two runs; pick one.")
     if args.concurrency:
         return _bench_concurrency(args)
+    if args.grammar_cost:
+        return _bench_grammar(args)
     methods = [m for m in args.methods.split(",") if m]
     aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
 
@@ -314,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LEVELS",
         help="e.g. 1,2,4,8,16: every method (default options) at each number of concurrent "
         "requests, against the same requests one at a time (tokens/s, latency, same text)",
+    )
+    p.add_argument(
+        "--grammar-cost",
+        action="store_true",
+        help="every method (default options) with and without a grammar that allows any text "
+        "(tools, tool_choice none): time per output token side by side, same text",
     )
     p.set_defaults(func=bench)
 
