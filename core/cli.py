@@ -130,6 +130,11 @@ def _members_and_setups(args: argparse.Namespace):
             "--remote compares served models in the accuracy/speed table only; drop it with "
             "--concurrency, --grammar-cost or --form tool."
         )
+    if args.temperature:
+        raise InvalidConfigError(
+            "--concurrency, --grammar-cost and --form tool compare texts and answers of greedy "
+            "requests; drop --temperature."
+        )
     methods = [m for m in args.methods.split(",") if m]
     if args.aggregator is not None:
         raise InvalidConfigError(
@@ -151,11 +156,6 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
     from .bench import load_task
 
     levels = bench_concurrency.parse_levels(args.concurrency)
-    if args.temperature:
-        raise InvalidConfigError(
-            "--concurrency compares every request's text with its text alone, which needs "
-            "greedy decoding; drop --temperature."
-        )
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
     result = bench_concurrency.run(
@@ -176,11 +176,6 @@ def _bench_grammar(args: argparse.Namespace) -> None:
     from . import bench_grammar
     from .bench import load_task
 
-    if args.temperature:
-        raise InvalidConfigError(
-            "--grammar-cost compares the same texts with and without a grammar, which needs "
-            "greedy decoding; drop --temperature."
-        )
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
     result = bench_grammar.run(
@@ -196,6 +191,29 @@ def _bench_grammar(args: argparse.Namespace) -> None:
     print(bench_grammar.markdown(result))
 
 
+def _bench_tools(args: argparse.Namespace) -> None:
+    from . import bench_tools
+
+    if args.task != "arithmetic":
+        raise InvalidConfigError(
+            "--form tool runs the testbed's tool problems; drop --task (a JSONL file has no "
+            "tools to offer)."
+        )
+    task = bench_tools.testbed_tool_task(args.n, args.seed)
+    methods = [m for m in args.methods.split(",") if m]
+    members, _ = _members_and_setups(args)
+    result = bench_tools.run(
+        members=members,
+        setups=bench_tools.tool_setups(methods, [m.name for m in members], args.config),
+        task=task,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    print(args.out.rstrip("/") + "/results.md")
+    print(bench_tools.markdown(result))
+
+
 def bench(args: argparse.Namespace) -> None:
     from .bench import markdown_table, parse_setups, run
 
@@ -205,6 +223,8 @@ def bench(args: argparse.Namespace) -> None:
         return _bench_concurrency(args)
     if args.grammar_cost:
         return _bench_grammar(args)
+    if args.form == "tool":
+        return _bench_tools(args)
     methods = [m for m in args.methods.split(",") if m]
     aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
 
@@ -314,7 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the FINAL answer compared exactly: the number, the multiple-choice letter or the text "
         "after the last 'The answer is'/'Answer:' (else the last number or the final line)",
     )
-    p.add_argument("--form", default="cot", choices=["cot", "rag"])
+    p.add_argument(
+        "--form",
+        default="cot",
+        choices=["cot", "rag", "tool"],
+        help="tool: each single model and method on tool-use problems (right tool, arguments "
+        "and final answer; schema-valid calls with the grammar and with the prompt only)",
+    )
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=160)
