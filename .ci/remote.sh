@@ -113,7 +113,7 @@ fi
 # --- 4. the remote tests --------------------------------------------------------------------------
 rc=0
 LLM_ENSEMBLING_SERVERS=$WORK/servers.json HF_HUB_OFFLINE=1 \
-  .venv/bin/python -m pytest -m remote tests/test_remote_vllm.py || rc=$?
+  .venv/bin/python -m pytest -m remote -rP tests/test_remote_vllm.py || rc=$?
 if [ "$rc" != 0 ]; then
   for log in "$WORK"/*.log; do echo "--- $log"; tail -n 40 "$log"; done
 fi

@@ -190,7 +190,7 @@ class Ensemble:
         finally:
             deltas.close()
 
-    async def astream(
+    def astream(
         self,
         messages: Messages,
         config: GenerationConfig | None = None,
@@ -199,10 +199,9 @@ class Ensemble:
         **overrides: Any,
     ) -> AsyncIterator[Delta]:
         """`stream` on a worker thread: the event loop keeps running while models compute, and
-        cancelling the consumer stops the request at its next forward pass."""
-        iterator = self.stream(messages, config, on_event=on_event, **overrides)
-        async for delta in iterate_in_thread(iterator):
-            yield delta
+        cancelling the consumer stops the request at its next forward pass. The request is
+        checked here, at the call, as `stream` does."""
+        return iterate_in_thread(self.stream(messages, config, on_event=on_event, **overrides))
 
     async def agenerate(
         self,
@@ -343,8 +342,11 @@ class _Run:
                         self.call_opened = request.stats.ensembled
                     self._report(calls)
                     if shaper.stopped or commit.finish or request.remaining <= 0:
+                        finish = "stop" if shaper.stopped else (commit.finish or "length")
+                        if finish == "length":  # what the grammar forces (a closing brace,
+                            text, calls = self._close(method, shaper, text, calls)  # a tag)
                         self.held, self.held_calls = text, calls
-                        return "stop" if shaper.stopped else (commit.finish or "length")
+                        return finish
                     if text or calls or request.pending:
                         yield self._delta(text, calls)
             except ContextOverflow:
@@ -377,6 +379,18 @@ class _Run:
         request.emit(GrammarForced(request.stats.tokens, text))
         request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
         return Commit(text, max(first.n_tokens - before, 0))
+
+    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
+        """At the token limit: the text the grammar forces next is still written (no model
+        chooses it), so a structure that was complete but for its closing is not cut."""
+        forced = self._forced(method)
+        if forced is None:
+            return text, calls
+        self.request.text += forced.text
+        self.request.stats.tokens += forced.tokens
+        more, closed = shaper.feed(forced.text)
+        self._report(closed)
+        return text + more, [*calls, *closed]
 
     def _report(self, calls) -> None:
         """Tool calls that closed: kept for the output, and told as events."""

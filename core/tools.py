@@ -93,7 +93,13 @@ def _one_tool(index: int, tool: Any) -> ToolSpec:
             "LangChain's convert_to_openai_tool and LlamaIndex's tool.metadata.to_openai_tool() "
             "make them."
         )
-    spec = tool.get("function") if tool.get("type") == "function" and "function" in tool else tool
+    kind = tool.get("type", "function")
+    if kind != "function":
+        raise InvalidConfigError(
+            f"tool #{index} has type {kind!r}; only function tools are supported "
+            '({"type": "function", "function": {"name", "description", "parameters"}}).'
+        )
+    spec = tool.get("function") if "function" in tool else tool
     label = _tool_label(index, spec)
     if not isinstance(spec, dict):
         raise InvalidConfigError(
@@ -382,8 +388,8 @@ class ToolCallStream:
             new_call_id(),
             guessed.group(1) if guessed else None,
             raw,
-            f"the call was cut off before {TOOL_CALL_END} (the response reached max_tokens); "
-            "raise max_tokens",
+            f"the call was cut off before {TOOL_CALL_END} (the response reached its token "
+            "limit); raise max_tokens (max_new_tokens)",
         )
 
 

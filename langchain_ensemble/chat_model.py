@@ -1,10 +1,11 @@
 """`ChatEnsemble`: several local Hugging Face causal LMs answering as one LangChain chat model.
 
 The class only wires LangChain to the engine (`core.Ensemble`): message conversion is in
-`messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`. Construction is
-cheap (nothing loads); the first request loads the models through `core.shared.shared_ensemble`,
-so every instance with the same models, method, options, device and dtype uses one engine (and
-one lock: `batch` and concurrent calls on shared members run one at a time).
+`messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`, tools and schemas
+in `tools.py` and `structured.py`. Construction is cheap (nothing loads); the first request
+loads the models through `core.shared.shared_ensemble`, so every instance with the same models,
+method, options, device and dtype uses one engine (and one lock: `batch` and concurrent calls
+on shared members run one at a time).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
-from langchain_core.messages import BaseMessage
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.language_models.model_profile import ModelProfile
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from core.concurrency import iterate_in_thread
@@ -33,6 +36,8 @@ from core.sources import model_sources
 from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
 from .outputs import Turn, aggregate
+from .structured import structured_output
+from .tools import one_per_name, openai_tools
 
 # Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
 _CALL_SETTINGS = {
@@ -41,7 +46,25 @@ _CALL_SETTINGS = {
     "top_p": "top_p",
     "seed": "seed",
 }
+# Per-call tool settings (bind_tools, create_agent's response_format), passed to the engine,
+# which checks them; `strict` shapes the tools' schemas as they are converted.
+_TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 _FRAMEWORK_KWARGS = {"stream"}  # set by LangChain itself; the streaming choice is already made
+_ACCEPTED = {*_CALL_SETTINGS, *_TOOL_SETTINGS, "strict", "model", *_FRAMEWORK_KWARGS}
+# What a model can do, for `model.profile` (create_agent reads "structured_output" to send a
+# response_format rather than an extra tool).
+_PROFILE = ModelProfile(
+    text_inputs=True,
+    text_outputs=True,
+    image_inputs=False,
+    audio_inputs=False,
+    video_inputs=False,
+    pdf_inputs=False,
+    tool_calling=True,
+    tool_choice=True,
+    tool_call_streaming=True,
+    structured_output=True,
+)
 
 
 class ChatEnsemble(BaseChatModel):
@@ -164,6 +187,9 @@ class ChatEnsemble(BaseChatModel):
     def _llm_type(self) -> str:
         return "llm-ensembling-chat"
 
+    def _resolve_model_profile(self) -> ModelProfile:
+        return ModelProfile(**_PROFILE)
+
     @property
     def _identifying_params(self) -> dict[str, Any]:
         params = {
@@ -216,11 +242,12 @@ class ChatEnsemble(BaseChatModel):
                 f"model={model!r} cannot switch an ensemble's models per call; build another "
                 "ChatEnsemble(models=[...]) for other models."
             )
-        unknown = sorted(set(kwargs) - set(_CALL_SETTINGS) - _FRAMEWORK_KWARGS - {"model"})
+        unknown = sorted(set(kwargs) - _ACCEPTED)
         if unknown:
             raise InvalidConfigError(
                 f"unknown argument(s) {', '.join(map(repr, unknown))} for ChatEnsemble; per "
-                f"call it accepts stop and {', '.join(_CALL_SETTINGS)}."
+                f"call it accepts stop, {', '.join(_CALL_SETTINGS)}, "
+                f"{', '.join(_TOOL_SETTINGS)} and strict."
             )
         settings = {
             "temperature": self.temperature,
@@ -233,8 +260,76 @@ class ChatEnsemble(BaseChatModel):
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise InvalidConfigError(f"max_tokens must be a positive integer, got {n!r}.")
         config = {_CALL_SETTINGS[k]: v for k, v in settings.items() if v is not None}
+        config.update({k: kwargs[k] for k in _TOOL_SETTINGS if kwargs.get(k) is not None})
+        strict = kwargs.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidConfigError(f"strict must be True, False or None, got {strict!r}.")
+        if "tools" in config:  # any tool kind LangChain knows, also when passed per call
+            config["tools"] = openai_tools(config["tools"], strict)
         stops = stop if stop is not None else self.stop
         return GenerationConfig(**config, stop=tuple(stops or ()))
+
+    # --- tools and structured output ------------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | Any],
+        *,
+        tool_choice: str | dict | bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """The model with tools bound: functions, `BaseTool`s, Pydantic models, TypedDicts,
+        JSON schemas or OpenAI tool dicts.
+
+        `tool_choice`: "auto" (default: the model decides), "none", "any" / "required" / True
+        (at least one call), or a tool's name (or `{"type": "function", "function": {"name":
+        ...}}`) to force that tool. `parallel_tool_calls=False`: at most one call per answer.
+        `strict=True`: every argument required and no other key (OpenAI's strict mode). Other
+        keyword arguments (a `response_format`, `max_tokens`, ...) are bound as well. Bad tools,
+        a tool_choice naming no bound tool, or a schema the grammar cannot enforce raise
+        `InvalidConfigError` here, not at the first call.
+        """
+        bound: dict[str, Any] = {"tools": openai_tools(tools, strict), **kwargs}
+        if tool_choice is not None:
+            bound["tool_choice"] = tool_choice
+        if parallel_tool_calls is not None:
+            bound["parallel_tool_calls"] = parallel_tool_calls
+        return self._bind_checked(**bound)
+
+    def _bind_checked(self, **bound: Any) -> Runnable[LanguageModelInput, AIMessage]:
+        """`bind`, with the settings checked now rather than at the first call (LangChain
+        takes the tracing key out before the model sees the call's arguments). Two tools of
+        one name are refused only when the model is called: binding without calling is what
+        LangChain's standard suite does with a model and its schema under one name."""
+        per_call = {k: v for k, v in bound.items() if k != "ls_structured_output_format"}
+        if isinstance(per_call.get("tools"), list):
+            per_call["tools"] = one_per_name(per_call["tools"])
+        self._config(None, per_call)
+        return self.bind(**bound)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """A runnable answering with an instance of `schema`: a Pydantic model (v2 or v1) gives
+        instances, a TypedDict or JSON schema gives dicts.
+
+        `method`: "json_schema" (the answer is the JSON, constrained to the schema),
+        "function_calling" (the schema as a forced tool call), or "json_mode" (a JSON object;
+        constrained to the schema too when one is given, which is stricter than OpenAI's
+        json_mode). `include_raw=True` returns {"raw", "parsed", "parsing_error"}. The grammar
+        keeps every answer to its schema, so `strict` changes nothing beyond
+        function_calling's OpenAI strict-mode schema. A schema the grammar cannot enforce
+        raises `InvalidConfigError` here.
+        """
+        return structured_output(self, schema, method, include_raw, strict, kwargs)
 
     # One request path: `_stream` turns the engine's deltas into chunks and `_generate` adds
     # those chunks up (`outputs.aggregate`), so invoke equals the aggregated stream by

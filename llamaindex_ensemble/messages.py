@@ -2,12 +2,16 @@
 template (never LlamaIndex's generic `messages_to_prompt` flattening).
 
 Role folding that templates need (system into user, tool into user, same-role merging) is done
-by the core for every adapter; here we only map roles and keep the text of each message.
+by the core for every adapter; here we only map roles, keep the text of each message, and carry
+tool calls: an assistant message's `ToolCallBlock`s become its `tool_calls`, and a tool result
+keeps the id of the call it answers (`additional_kwargs["tool_call_id"]`, as `FunctionAgent`
+writes it) and the tool's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -19,6 +23,8 @@ from llama_index.core.base.llms.types import (
 
 from core import InvalidMessagesError
 
+from .tools import engine_tool_call
+
 _ROLES = {
     MessageRole.SYSTEM: "system",
     MessageRole.DEVELOPER: "system",
@@ -29,9 +35,9 @@ _ROLES = {
     MessageRole.TOOL: "tool",
     MessageRole.FUNCTION: "tool",
 }
-# Blocks a text-only model can do without: its own earlier reasoning and structured tool calls
-# (a ReAct agent writes its tool calls into the text).
-_SKIPPED = (ThinkingBlock, ToolCallBlock)
+# Blocks that are not part of the text: the model's own earlier reasoning, and tool calls
+# (carried as the message's `tool_calls`, or written into the text by a ReAct agent).
+_NOT_TEXT = (ThinkingBlock, ToolCallBlock)
 
 
 def _text(message: ChatMessage, index: int) -> str:
@@ -39,7 +45,7 @@ def _text(message: ChatMessage, index: int) -> str:
     for block in message.blocks:
         if isinstance(block, TextBlock):
             parts.append(block.text)
-        elif not isinstance(block, _SKIPPED):
+        elif not isinstance(block, _NOT_TEXT):
             raise InvalidMessagesError(
                 f"message {index} has a {type(block).__name__}; the ensemble's models read text "
                 "only, so pass text content (TextBlock) or describe the file in words."
@@ -47,12 +53,25 @@ def _text(message: ChatMessage, index: int) -> str:
     return "\n".join(parts)  # as ChatMessage.content joins text blocks
 
 
-def to_core_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    out = []
+def to_core_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    tool_names: dict[str, str] = {}  # call id -> tool name, for results that name no tool
     for index, message in enumerate(messages):
         if not isinstance(message, ChatMessage):  # LlamaIndex accepts dicts in its events too
             message = ChatMessage.model_validate(message)
-        out.append({"role": _ROLES[MessageRole(message.role)], "content": _text(message, index)})
+        role = _ROLES[MessageRole(message.role)]
+        core: dict[str, Any] = {"role": role, "content": _text(message, index)}
+        calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
+        if role == "assistant" and calls:
+            core["tool_calls"] = [engine_tool_call(block) for block in calls]
+            tool_names.update({b.tool_call_id: b.tool_name for b in calls if b.tool_call_id})
+        call_id = message.additional_kwargs.get("tool_call_id")
+        if role == "tool" and isinstance(call_id, str):
+            core["tool_call_id"] = call_id
+            name = message.additional_kwargs.get("name") or tool_names.get(call_id)
+            if isinstance(name, str) and name:
+                core["name"] = name
+        out.append(core)
     return out
 
 

@@ -20,9 +20,11 @@ import pytest
 from pydantic import ValidationError
 
 from core import (
+    ContextWindowError,
     Ensemble,
     GenerationConfig,
     InvalidConfigError,
+    InvalidMessagesError,
     ModelNotFoundError,
 )
 from core.testbed import model_paths
@@ -31,6 +33,8 @@ from langchain_ensemble import ChatEnsemble
 from llamaindex_ensemble import EnsembleLLM
 
 NAN, INF = float("nan"), float("inf")
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}}}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -201,13 +205,13 @@ GENERATE = [
 
 METHOD_OPTIONS = [
     row("safe-lookahead-zero", method("safe", lookahead=0), InvalidConfigError,
-        "must be a positive integer (the paper uses 5)"),
+        "lookahead must be >= 1 (an integer), got 0; pass e.g. lookahead=5"),
     row("safe-top_k-string", method("safe", top_k="3"), InvalidConfigError,
-        "must be a positive integer (the paper uses 10)"),
+        "pass an integer, not a string, e.g. top_k=10"),
     row("safe-threshold-nan", method("safe", threshold=NAN), InvalidConfigError,
-        "must be in [0, 1)"),
+        "threshold must be in [0, 1)"),
     row("safe-max_lookahead-below-lookahead", method("safe", max_lookahead=2), InvalidConfigError,
-        "an integer >= lookahead=5, e.g. 20"),
+        "max_lookahead must be >= 5 (an integer), got 2; pass e.g. max_lookahead=20"),
     row("safe-drafter-out-of-range", method("safe", drafter=7), InvalidConfigError,
         "use an index 0..2 or a name"),
     row("safe-aggregator-unknown", method("safe", aggregator="mean"), InvalidConfigError,
@@ -215,10 +219,16 @@ METHOD_OPTIONS = [
     row("safe-sharpen-unknown", method("safe", sharpen="sharp"), InvalidConfigError,
         "use one of 'heuristic', 'geometric', None"),
     row("safe-heal-unknown", method("safe", heal="all"), InvalidConfigError,
-        "must be False (the paper), True, or 'oov'"),
+        "use one of False, True, 'oov'"),
+    row("safe-heal-zero", method("safe", heal=0), InvalidConfigError,
+        "heal=0 is not supported; use one of False, True, 'oov'"),
+    row("safe-preset-unknown", method("safe", preset="paper"), InvalidConfigError,
+        "use one of 'authors'"),
     row("specem-segment_tokens-bool", method("specem", segment_tokens=True), InvalidConfigError,
-        "e.g. segment_tokens=10"),
-    row("specem-lr-nan", method("specem", lr=NAN), InvalidConfigError, "e.g. lr=1.0"),
+        "got True, a bool; pass e.g. segment_tokens=10"),
+    row("specem-lr-nan", method("specem", lr=NAN), InvalidConfigError, "pass e.g. lr=1.0"),
+    row("specem-feedback-string", method("specem", feedback="yes"), InvalidConfigError,
+        "feedback=True or feedback=False"),
     row("specem-score-unknown", method("specem", score="vote"), InvalidConfigError,
         "use one of 'logprob', 'prob', 'logit'"),
     row("specem-one-drafter", method("specem", drafters=[0]), InvalidConfigError,
@@ -227,6 +237,63 @@ METHOD_OPTIONS = [
         "use an index 0..2 or a name ('tb-gpt2-bpe'"),
     row("token-aggregation-unknown", method("token", aggregation="median"), InvalidConfigError,
         "use one of 'arithmetic', 'geometric'"),
+    row("token-top_k-zero", method("token", top_k=0), InvalidConfigError,
+        "top_k must be >= 1 (an integer), got 0"),
+    row("token-weights-short", method("token", weights=[1.0]), InvalidConfigError,
+        "weights has 1 entries for 3 members; pass one per member"),
+    row("token-weights-negative", method("token", weights=[1, -1, 1]), InvalidConfigError,
+        "weights[1] must be >= 0"),
+]  # fmt: skip
+
+ENSEMBLE_SETTINGS = [
+    row("on_member_failure-unknown", method("single", on_member_failure="skip"),
+        InvalidConfigError, "use 'raise' (a failing member ends the request) or 'drop'"),
+    row("max_concurrency-zero", method("single", max_concurrency=0), InvalidConfigError,
+        "max_concurrency=0 is too small; e.g. max_concurrency=8"),
+    row("max_queue-string", method("single", max_queue="8"), InvalidConfigError,
+        "max_queue='8' must be a positive integer or None"),
+    row("queue_timeout-negative", method("single", queue_timeout=-1), InvalidConfigError,
+        "queue_timeout=-1 must be seconds > 0, or None"),
+]  # fmt: skip
+
+MESSAGES = [
+    row("content-lone-surrogate", lambda env: env.ensemble("single").stream("caf\ud800"),
+        InvalidMessagesError, "lone surrogate"),
+    row("message-unknown-role", lambda env: env.ensemble("single").stream(
+        [{"role": "robot", "content": "Hi"}]), InvalidMessagesError, "use one of system, user"),
+    row("stream-prompt-too-long", lambda env: env.ensemble("single").stream("7 + " * 5000),
+        ContextWindowError, "shorten the messages"),
+    row("astream-prompt-too-long", lambda env: env.ensemble("single").astream("7 + " * 5000),
+        ContextWindowError, "shorten the messages"),
+    row("tool-call-malformed", lambda env: env.ensemble("single").stream([
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": {}}}]},
+    ]), InvalidMessagesError, "name"),
+]  # fmt: skip
+
+TOOLS = [
+    row("tool-schema-not-json-schema", config(tools=[
+        {"type": "function", "function": {"name": "t", "parameters": {"type": "frobnicate"}}}]),
+        InvalidConfigError, "tool 't'"),
+    row("tool-choice-unknown-tool", config(tools=[ADD], tool_choice="subtract"),
+        InvalidConfigError, "'subtract', which is not among the tools given ('add'); use one"),
+    row("tool-choice-without-tools", config(tool_choice="required"), InvalidConfigError,
+        "no tools were given; pass tools"),
+    row("tool-name-invalid", config(tools=[{"name": "add two"}]), InvalidConfigError,
+        "a tool name must be 1 to 64 letters"),
+    row("tools-not-a-list", config(tools=ADD), InvalidConfigError, "wrap a single tool in a list"),
+    row("response_format-unsupported-keyword",
+        config(response_format={"type": "object", "not": {"required": ["a"]}}),
+        InvalidConfigError, "keyword 'not'"),
+    row("response_format-unknown-format",
+        config(response_format={"type": "string", "format": "color"}), InvalidConfigError,
+        "string format 'color'"),
+    row("response_format-string", config(response_format="json"), InvalidConfigError,
+        "for a pydantic model pass Model.model_json_schema()"),
+    row("parallel_tool_calls-string", config(tools=[ADD], parallel_tool_calls="no"),
+        InvalidConfigError, "parallel_tool_calls=True or parallel_tool_calls=False"),
+    row("generate-tool-choice-unknown", generate(tools=[ADD], tool_choice="mul"),
+        InvalidConfigError, "'mul', which is not among the tools"),
 ]  # fmt: skip
 
 # ChatEnsemble checks its settings in a pydantic model validator, and pydantic re-raises a
@@ -259,7 +326,15 @@ ENSEMBLE_LLM = [
 ]  # fmt: skip
 
 ROWS = (
-    GENERATION_CONFIG + FROM_PRETRAINED + GENERATE + METHOD_OPTIONS + CHAT_ENSEMBLE + ENSEMBLE_LLM
+    GENERATION_CONFIG
+    + FROM_PRETRAINED
+    + GENERATE
+    + METHOD_OPTIONS
+    + ENSEMBLE_SETTINGS
+    + MESSAGES
+    + TOOLS
+    + CHAT_ENSEMBLE
+    + ENSEMBLE_LLM
 )
 
 

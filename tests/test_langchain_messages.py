@@ -33,7 +33,7 @@ def test_every_message_type_maps_to_an_engine_role():
         {"role": "system", "content": "S"},
         {"role": "user", "content": "H", "name": "alice"},
         {"role": "assistant", "content": "A"},
-        {"role": "tool", "content": "42", "name": "calculator"},
+        {"role": "tool", "content": "42", "name": "calculator", "tool_call_id": "call-1"},
         {"role": "tool", "content": "7", "name": "f"},
         {"role": "system", "content": "D"},
         {"role": "user", "content": "U"},

@@ -101,7 +101,7 @@ def test_metadata_reports_the_smallest_window(tmp_path, tiny_dirs):
     llm = EnsembleLLM(models=[tiny_dirs[MODEL_ORDER[0]], short], device="cpu", max_new_tokens=33)
     meta = llm.metadata
     assert meta.context_window == 320 and meta.num_output == 33
-    assert meta.is_chat_model and not meta.is_function_calling_model
+    assert meta.is_chat_model and meta.is_function_calling_model
     assert meta.model_name == f"ensemble-safe:{MODEL_ORDER[0]}+short"
 
 

@@ -20,10 +20,20 @@ import os
 import signal
 import subprocess
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from core import Ensemble, GenerationConfig, Remote, ServerError, TokenizerMismatchError
+from core import (
+    Ensemble,
+    GenerationConfig,
+    MemberError,
+    Remote,
+    ServerError,
+    TokenizerMismatchError,
+)
+from core.events import MemberFailed
 from core.remote import connect, wait_until_healthy
 from core.testbed import MODEL_ORDER, make_problems, model_paths
 
@@ -89,9 +99,13 @@ def test_members_connect_with_full_vocabulary(remote_members, local_members):
         assert remote.context_window == 2047  # --max-model-len 2048, one position kept free
 
 
-def test_server_stopped_mid_request_gives_a_clear_error(servers, remote_members):
+def test_server_stopped_mid_request_is_dropped_or_named(servers, remote_members):
+    """With on_member_failure="drop" the requests in flight when a server dies complete with the
+    other member (a member_failed event says who); with "raise" the error names the member and
+    its URL."""
     server = servers[-1]
     ens = Ensemble(remote_members, "token")
+    dropping = Ensemble(remote_members, "token", on_member_failure="drop")
     problem = make_problems(1, seed=3)[0]
     _state["want"] = ens.generate(problem.messages, CONFIG).text
     with open(server["pid_file"]) as f:
@@ -101,9 +115,16 @@ def test_server_stopped_mid_request_gives_a_clear_error(servers, remote_members)
         os.killpg(pid, signal.SIGTERM)  # the server's process group: API server and engine
 
     threading.Timer(0.5, stop).start()  # while requests are in flight
-    with pytest.raises(ServerError, match=rf"'{server['name']}'.*{server['base_url']}") as error:
-        for _ in range(1000):
-            ens.generate(problem.messages, CONFIG)
+    for _ in range(1000):
+        out = dropping.generate(problem.messages, CONFIG)
+        if out.stats.failed:
+            break
+    assert list(out.stats.failed) == [server["name"]] and out.finish_reason in ("stop", "length")
+    failed = [e for e in out.events if isinstance(e, MemberFailed)]
+    assert [e.member for e in failed] == [server["name"]] and server["base_url"] in failed[0].error
+    with pytest.raises(MemberError, match=rf"'{server['name']}'.*{server['base_url']}") as error:
+        ens.generate(problem.messages, CONFIG)
+    assert isinstance(error.value, ServerError) and error.value.member == server["name"]
     assert "no answer" not in str(error.value)  # the server's going, not the 30 s timeout
     _state["ensemble"], _state["problem"] = ens, problem
     env = {**os.environ, **server["env"]}
@@ -158,3 +179,33 @@ def test_same_greedy_text_as_in_process(method, options, n, remote_members, refe
     )]  # fmt: skip
     differ = [(i, w, g) for i, (w, g) in enumerate(zip(want, got, strict=True)) if w != g]
     assert not differ, differ
+
+
+def test_concurrent_requests_reach_the_servers_together(remote_members, references):
+    """Eight requests at once send their operations to the servers concurrently (the servers
+    batch them): the same texts as one at a time, the requests overlap, and the throughput
+    ratio is printed for the CI log (a benchmark number, not asserted here)."""
+    ens = Ensemble(remote_members, "specem")
+    problems = make_problems(8, seed=1)
+    start = time.perf_counter()
+    alone = [ens.generate(p.messages, CONFIG) for p in problems]
+    sequential = time.perf_counter() - start
+    spans: list[tuple[float, float]] = []
+
+    def timed(problem):
+        began = time.perf_counter()
+        out = ens.generate(problem.messages, CONFIG)
+        spans.append((began, time.perf_counter()))
+        return out
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(timed, problems))
+    concurrent = time.perf_counter() - start
+    assert [o.text for o in together] == [o.text for o in alone]
+    assert max(b for b, _ in spans) < min(e for _, e in spans)  # all eight were in flight at once
+    tokens = sum(o.stats.tokens for o in alone)
+    print(
+        f"\nremote specem, 8 requests: {tokens / sequential:.1f} tok/s one at a time, "
+        f"{tokens / concurrent:.1f} tok/s concurrently ({sequential / concurrent:.2f}x)"
+    )

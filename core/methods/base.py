@@ -21,6 +21,7 @@ from ..errors import InvalidConfigError
 from ..events import Event
 from ..member import Member
 from ..sampling import Sampler
+from ..validate import check_choice  # noqa: F401 (methods import it from here)
 
 
 @dataclass
@@ -79,13 +80,6 @@ def pick_member(members: Sequence[Member], which: int | str, option: str) -> int
         f"{option}={which!r} is not a member; use an index 0..{len(members) - 1} or a name "
         f"({names})."
     )
-
-
-def check_choice(option: str, value: object, choices: Sequence[object]) -> None:
-    if value not in choices:
-        raise InvalidConfigError(
-            f"{option}={value!r} is not supported; use one of {', '.join(map(repr, choices))}."
-        )
 
 
 class Method(ABC):

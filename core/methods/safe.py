@@ -74,7 +74,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ..aggregate import SHARPENINGS, sharpen
-from ..errors import InvalidConfigError
 from ..events import (
     Drafted,
     EnsemblePoint,
@@ -86,6 +85,7 @@ from ..events import (
 from ..member import Draft, Member
 from ..parallel import each
 from ..sampling import Sampler
+from ..validate import check_int, check_real
 from ..vocab import EOS, SUBTOKEN_RULES, ByteIndex, UnionVocab, stop_logprob, unite_union
 from .base import Commit, Method, Request, check_choice, pick_member
 from .safe_heal import HEALED, HealCycle, NoHeal
@@ -224,9 +224,8 @@ class Safe(Method):
             **{k: getattr(self, k) for k in RULES},
         }
 
-    # Tables are keyed by member names: a member that leaves a request shifts the indices.
-
     def _index(self, i: int) -> ByteIndex:
+        """Member i's tokens by bytes (keyed by name: a member leaving a request shifts i)."""
         member = self.members[i]
         key = ("bytes", member.name)
         if key not in self._tables:
@@ -474,30 +473,12 @@ class Safe(Method):
 def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, threshold, heal) -> None:
     check_choice("aggregator", aggregator, AGGREGATORS)
     check_choice("sharpen", sharpen_, (*SHARPENINGS, None))
-    for option, value in (("lookahead", lookahead), ("top_k", top_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidConfigError(
-                f"{option}={value!r} must be a positive integer (the paper uses "
-                f"{'5' if option == 'lookahead' else '10'})."
-            )
-    if max_lookahead is not None and (
-        isinstance(max_lookahead, bool)
-        or not isinstance(max_lookahead, int)
-        or max_lookahead < lookahead
-    ):
-        raise InvalidConfigError(
-            f"max_lookahead={max_lookahead!r} must be None (every draft `lookahead` tokens, "
-            f"the paper) or an integer >= lookahead={lookahead}, e.g. 20."
-        )
-    if not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
-        raise InvalidConfigError(
-            f"threshold={threshold!r} must be in [0, 1) (sharpening's lambda; paper: 0.1)."
-        )
-    if heal not in (False, True, "oov"):
-        raise InvalidConfigError(
-            f"heal={heal!r} must be False (the paper), True, or 'oov' (heal only positions "
-            "that are OOV-like for a verifier)."
-        )
+    check_int("lookahead", lookahead, low=1, example=5)  # the paper's 5
+    check_int("top_k", top_k, low=1, example=10)  # the paper's 10
+    if max_lookahead is not None:  # None: every draft `lookahead` tokens, as in the paper
+        check_int("max_lookahead", max_lookahead, low=lookahead, example=max(20, lookahead))
+    check_real("threshold", threshold, low=0, high=1, high_open=True, example=0.1)
+    check_choice("heal", heal, (False, True, "oov"))
 
 
 def _rules(preset: str | None, **given: str | None) -> dict[str, str]:

@@ -48,6 +48,7 @@ from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
 from ..member import Member
 from ..parallel import each
 from ..sampling import Sampler
+from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
@@ -194,13 +195,7 @@ class SpecEM(Method):
         super().__init__(members)
         chosen = _preset_options(preset, draft_temperature, draft_top_p, schedule)
         draft_temperature, draft_top_p, schedule = chosen
-        if isinstance(segment_tokens, bool) or not isinstance(segment_tokens, int):
-            raise InvalidConfigError(
-                f"segment_tokens must be a positive integer, got {segment_tokens!r}; "
-                "e.g. segment_tokens=10."
-            )
-        if segment_tokens < 1:
-            raise InvalidConfigError(f"segment_tokens must be >= 1, got {segment_tokens}.")
+        segment_tokens = check_int("segment_tokens", segment_tokens, low=1, example=10)
         check_choice("score", score, SCORES)
         for member in self.members if score == "logit" else ():
             if not member.gives_logits:
@@ -208,15 +203,13 @@ class SpecEM(Method):
                     f"score='logit' needs raw logits, which member {member.name!r} (served "
                     "over HTTP) cannot give; use score='logprob' or 'prob'."
                 )
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-            raise InvalidConfigError(f"lr must be a positive number, got {lr!r}; e.g. lr=1.0.")
         self.drafters = _drafters(self.members, drafters)
         self.segment_tokens = segment_tokens
         self.scoring = score
-        self.feedback = bool(feedback)
-        self.lr = float(lr)
-        self.persist_weights = bool(persist_weights)
-        self.reuse_cache = bool(reuse_cache)
+        self.feedback = check_bool("feedback", feedback)
+        self.lr = check_real("lr", lr, low=0, low_open=True, example=1.0)
+        self.persist_weights = check_bool("persist_weights", persist_weights)
+        self.reuse_cache = check_bool("reuse_cache", reuse_cache)
         self.preset = preset
         self.draft_temperature, self.draft_top_p = draft_temperature, draft_top_p
         self.schedule = schedule

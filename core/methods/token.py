@@ -22,6 +22,7 @@ from ..aggregate import AGGREGATIONS, combine
 from ..errors import InvalidConfigError
 from ..events import SkipGate, TokenEnsembled
 from ..parallel import each
+from ..validate import check_int, check_real
 from ..vocab import EOS, SUBTOKEN_RULES, Aligned, UnionVocab, unite_union
 from .base import Commit, Method, Request, check_choice
 
@@ -84,9 +85,10 @@ class TokenEnsemble(Method):
     ) -> None:
         super().__init__(members)
         check_choice("aggregation", aggregation, AGGREGATIONS)
+        top_k = check_int("top_k", top_k, low=1, example=10)
         self.aligner = Aligner(aggregator, top_k, subtoken)
         self.aggregation = aggregation
-        self.weights = list(weights) if weights is not None else None
+        self.weights = _check_weights(weights, len(self.members))
         self.gate = PAPER_GATES[aggregator] if gate == "paper" else gate
         if self.gate is not None and (
             isinstance(self.gate, bool)
@@ -180,3 +182,19 @@ class TokenEnsemble(Method):
 
 
 METHOD = TokenEnsemble
+
+
+def _check_weights(weights: Sequence[float] | None, n: int) -> list[float] | None:
+    """None (equal weights) or one non-negative weight per member, not all zero."""
+    if weights is None:
+        return None
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+        raise InvalidConfigError(f"weights={weights!r} must be a list of {n} numbers, or None.")
+    if len(weights) != n:
+        raise InvalidConfigError(
+            f"weights has {len(weights)} entries for {n} members; pass one per member."
+        )
+    checked = [check_real(f"weights[{i}]", w, low=0, example=1.0) for i, w in enumerate(weights)]
+    if not sum(checked) > 0:
+        raise InvalidConfigError("weights are all zero; give at least one member a weight > 0.")
+    return checked

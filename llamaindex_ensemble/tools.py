@@ -1,0 +1,60 @@
+"""LlamaIndex tools and tool calls <-> the engine's (pure functions, no state).
+
+LlamaIndex tools describe themselves as OpenAI tool dicts (`tool.metadata.to_openai_tool()`),
+which is what the engine takes; a call the engine made becomes a `ToolCallBlock` in the
+assistant message (what `FunctionAgent` keeps in its history) and a `ToolSelection` for
+`get_tool_calls_from_response`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatResponse, ToolCallBlock
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.tools.types import BaseTool
+
+from core.errors import InvalidConfigError
+from core.tools import ToolCall
+
+
+def openai_tools(tools: Any) -> list[Any]:
+    """`BaseTool`s as OpenAI tool dicts; dicts pass as they are (the engine checks them)."""
+    if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence):
+        raise InvalidConfigError(
+            f"tools must be a list of LlamaIndex tools or OpenAI tool dicts, not a "
+            f"{type(tools).__name__}; wrap a single tool in a list."
+        )
+    return [
+        tool.metadata.to_openai_tool(skip_length_check=True) if isinstance(tool, BaseTool) else tool
+        for tool in tools
+    ]
+
+
+def tool_call_block(call: ToolCall) -> ToolCallBlock:
+    return ToolCallBlock(tool_call_id=call.id, tool_name=call.name, tool_kwargs=call.arguments)
+
+
+def tool_call_blocks(response: ChatResponse) -> list[ToolCallBlock]:
+    return [b for b in response.message.blocks if isinstance(b, ToolCallBlock)]
+
+
+def tool_selections(response: ChatResponse) -> list[ToolSelection]:
+    return [
+        ToolSelection(
+            tool_id=block.tool_call_id or block.tool_name,
+            tool_name=block.tool_name,
+            tool_kwargs=block.tool_kwargs if isinstance(block.tool_kwargs, dict) else {},
+        )
+        for block in tool_call_blocks(response)
+    ]
+
+
+def engine_tool_call(block: ToolCallBlock) -> dict[str, Any]:
+    """A call of an assistant turn in the history, in the engine's message form."""
+    call: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": block.tool_name, "arguments": block.tool_kwargs},
+    }
+    return {"id": block.tool_call_id, **call} if block.tool_call_id else call
