@@ -12,10 +12,12 @@ may see), position ids per row.
 No thread is added: the first request thread to arrive runs the batch ("leads"), later arrivals
 wait; when the leader's own pass is done it hands the lead to a waiting thread. Before it runs,
 the leader waits for the request threads that are still computing their next pass in Python
-(`RequestThreads`: the admission marks a thread that runs a request, and a thread in a batcher or
-waiting for a slot is parked), for at most about one pass: a batch that waited for them costs
-little more than a lone pass, a batch that left them out costs them a whole pass. A lone request
-has nobody to wait for, and runs its pass at once, in its own thread, with no padding.
+(`RequestThreads`: the admission marks a thread that runs a request; a thread in a batcher, or
+waiting for a slot, is parked), for a bounded time: twice the longer of a mean pass and a mean
+stretch of a request's Python between two passes. A batch that waited for them costs little
+more than a lone pass, a batch that left them out costs them a whole pass; and while the leader
+waits, the interpreter runs their Python, which one interpreter lock would serialise anyway. A
+lone request has nobody to wait for, and runs its pass at once, in its own thread, no padding.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, value
 
 _MAX_ROWS = 32  # rows per batched pass
 _SIMILAR = 8  # passes batch together when their new-token counts are within 2x (or <= this)
-_PATIENCE_PASSES = 1.0  # a leader waits for computing threads at most this many mean passes
-_PATIENCE_FLOOR = 0.0005  # ...and at least this many seconds (before any pass was timed)
+# A leader waits for computing threads at most _PATIENCE times the longer of a mean pass of its
+# model and a mean stretch of Python between two passes of a request, within these bounds:
+_PATIENCE = 2.0
+_PATIENCE_FLOOR = 0.0005  # seconds (before anything was timed)
+_PATIENCE_CAP = 0.05  # seconds (a thread busy elsewhere, e.g. with a remote member, is not waited
+# for longer than this)
 
 
 class RequestThreads:
@@ -45,6 +51,8 @@ class RequestThreads:
     def __init__(self) -> None:
         self.changed = threading.Condition()
         self.computing = 0
+        self.gap_seconds = 0.0  # running mean of a request's Python between two waits
+        self._gaps = 0
         self._local = threading.local()
 
     @contextlib.contextmanager
@@ -55,6 +63,7 @@ class RequestThreads:
         counted = False
         try:
             local.depth = outer + 1
+            local.since = time.perf_counter()
             counted = outer == 0 and self._add(1)
             yield
         finally:
@@ -70,16 +79,20 @@ class RequestThreads:
         try:
             if getattr(local, "depth", 0) > 0 and not getattr(local, "parked", False):
                 local.parked = True
-                counted = self._add(-1)
+                counted = self._add(-1, time.perf_counter() - local.since)
             yield
         finally:
             if counted:
                 local.parked = False
+                local.since = time.perf_counter()
                 self._add(1)
 
-    def _add(self, delta: int) -> bool:
+    def _add(self, delta: int, gap: float | None = None) -> bool:
         with self.changed:
             self.computing += delta
+            if gap is not None:
+                self._gaps += 1
+                self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
             self.changed.notify_all()
         return True
 
@@ -208,9 +221,10 @@ class Batcher:
 
     def _gather(self) -> None:
         """Wait while other request threads still compute their next pass (they may come here),
-        for at most about one pass of this model."""
+        within the patience bounds."""
         if self.batched:
-            patience = max(_PATIENCE_FLOOR, _PATIENCE_PASSES * self._pass_seconds)
+            longer = max(self._pass_seconds, request_threads.gap_seconds)
+            patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
             request_threads.wait_for_passes(patience)
 
     def _pick(self, own: _Ticket) -> list[_Ticket]:
