@@ -64,37 +64,51 @@ class RequestThreads:
         try:
             local.depth = outer + 1
             local.since = time.perf_counter()
-            counted = outer == 0 and self._add(1)
+            if outer == 0:
+                self._add(1)
+                counted = True
             yield
         finally:
             local.depth = outer
             if counted:
                 self._add(-1)
 
+    def park(self) -> Park:
+        """This thread waits (for a pass, or for a request slot): nobody should wait for it
+        until its `Park` is released."""
+        local = self._local
+        if getattr(local, "depth", 0) == 0 or getattr(local, "parked", False):
+            return Park(self, False)  # not a request thread, or already parked
+        local.parked = True
+        self._add(-1, time.perf_counter() - local.since)
+        return Park(self, True)
+
+    def unpark(self, park: Park) -> None:
+        """The parked thread goes on computing (its park released, if nobody did yet)."""
+        if park.counted:
+            park.release()
+            self._local.parked = False
+            self._local.since = time.perf_counter()
+
     @contextlib.contextmanager
     def parked(self) -> Iterator[None]:
-        """This thread waits (for a pass, or for a request slot): nobody should wait for it."""
-        local = self._local
-        counted = False
+        park = self.park()
         try:
-            if getattr(local, "depth", 0) > 0 and not getattr(local, "parked", False):
-                local.parked = True
-                counted = self._add(-1, time.perf_counter() - local.since)
             yield
         finally:
-            if counted:
-                local.parked = False
-                local.since = time.perf_counter()
-                self._add(1)
+            self.unpark(park)
 
-    def _add(self, delta: int, gap: float | None = None) -> bool:
+    def _add(self, delta: int, gap: float | None = None) -> None:
         with self.changed:
-            self.computing += delta
-            if gap is not None:
-                self._gaps += 1
-                self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
-            self.changed.notify_all()
-        return True
+            self._change(delta, gap)
+
+    def _change(self, delta: int, gap: float | None = None) -> None:
+        """(Under `changed`.)"""
+        self.computing += delta
+        if gap is not None:
+            self._gaps += 1
+            self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
+        self.changed.notify_all()
 
     def wait_for_passes(self, patience: float) -> None:
         """Until no request thread computes outside a batcher, for at most `patience` seconds."""
@@ -105,6 +119,25 @@ class RequestThreads:
                 if left <= 0:
                     return
                 self.changed.wait(left)
+
+
+class Park:
+    """One wait of a request thread. Released once, by whoever comes first: the leader that
+    finished the thread's pass (so the next leader already counts the thread as computing, though
+    it has not woken yet) or the thread itself when it goes on."""
+
+    __slots__ = ("_threads", "counted", "_held")
+
+    def __init__(self, threads: RequestThreads, counted: bool) -> None:
+        self._threads = threads
+        self.counted = counted
+        self._held = counted
+
+    def release(self) -> None:
+        with self._threads.changed:
+            if self._held:
+                self._held = False
+                self._threads._change(1)
 
 
 request_threads = RequestThreads()
@@ -171,8 +204,11 @@ class Batcher:
     # passes on a lead it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
-        with request_threads.parked():
-            return self._run_ticket(_Ticket(job))
+        park = request_threads.park()
+        try:
+            return self._run_ticket(_Ticket(job, park))
+        finally:
+            request_threads.unpark(park)
 
     def _run_ticket(self, ticket: _Ticket) -> Pass:
         try:
@@ -383,8 +419,9 @@ def _similar(n: int, m: int) -> bool:
 class _Ticket:
     """One waiting pass: its result or error, and whether its thread must take the lead."""
 
-    def __init__(self, job: Pass) -> None:
+    def __init__(self, job: Pass, park: Park) -> None:
         self.job = job
+        self.park = park
         self.ready = threading.Event()
         self.lead = False
         self.finished = False
@@ -392,6 +429,7 @@ class _Ticket:
 
     def finish(self) -> None:
         self.finished = True
+        self.park.release()  # its thread computes again (as soon as it wakes)
         self.ready.set()
 
     def fail(self, error: BaseException) -> None:

@@ -237,6 +237,7 @@ def summarise(
                 "passes": passes,
                 "forward_share": sum(b.forward for b in mine) / wall if wall else 0.0,
                 "cpu_cores": sum(b.cpu for b in mine) / wall if wall else 0.0,
+                "tokens_per_cpu_s": tokens / cpu if (cpu := sum(b.cpu for b in mine)) else None,
                 "same_text": sum(s.text == alone[s.problem].text for s in reqs),
                 "differences": [s.problem for s in reqs if s.text != alone[s.problem].text],
             }
@@ -244,6 +245,11 @@ def summarise(
             row["throughput_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
             row["p50_ratio"] = row["p50_ms"] / base["p50_ms"]
             row["p95_ratio"] = row["p95_ms"] / base["p95_ms"]
+            row["cpu_efficiency_ratio"] = (
+                row["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
+                if row["tokens_per_cpu_s"] and base["tokens_per_cpu_s"]
+                else None
+            )
             row["bound_if_passes_were_free"] = (
                 1 / (1 - base["forward_share"]) if base["forward_share"] < 1 else None
             )
@@ -281,22 +287,26 @@ def markdown(result: dict) -> str:
         f"{result['load_before'][0]:.2f} before, {result['load_after'][0]:.2f} after.",
         "",
         "| configuration | concurrent | tokens/s | × one at a time | p50 ms | × | p95 ms | × "
-        "| same text | rows/pass | in forward | CPU cores |",
-        "|" + "---|" * 12,
+        "| same text | rows/pass | in forward | CPU cores | tokens/CPU-s × |",
+        "|" + "---|" * 13,
     ]
     for r in rows:
         per_pass = ", ".join(f"{v:.1f}" for v in r["rows_per_pass"].values())
+        efficiency = r["cpu_efficiency_ratio"]
         lines.append(
             f"| {r['label']} | {r['level']} | {r['tokens_per_s']:.0f} | "
             f"{r['throughput_ratio']:.2f} | {r['p50_ms']:.0f} | {r['p50_ratio']:.2f} | "
             f"{r['p95_ms']:.0f} | {r['p95_ratio']:.2f} | {r['same_text']}/{r['requests']} | "
-            f"{per_pass} | {100 * r['forward_share']:.0f} % | {r['cpu_cores']:.2f} |"
+            f"{per_pass} | {100 * r['forward_share']:.0f} % | {r['cpu_cores']:.2f} | "
+            f"{'–' if efficiency is None else f'{efficiency:.2f}'} |"
         )
     members = ", ".join(result["members"])
     lines += [
         "",
         f"rows/pass: requests' passes per forward pass, per model ({members}). in forward: "
-        "share of the wall time inside the models' forward passes.",
+        "share of the wall time inside the models' forward passes. CPU cores: process CPU "
+        "time / wall time. tokens/CPU-s ×: output tokens per CPU second against one at a time "
+        "(what concurrency saves in work, whatever CPU share the machine gave the run).",
     ]
     met = result["goals"]
     if met:
