@@ -173,3 +173,21 @@ def test_bad_arguments_of_the_new_modes_are_clear_errors(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert main(["soak", "--requests", "0"]) == 2
     assert "--requests must be at least 1" in capsys.readouterr().err
+
+
+def test_a_differing_text_is_explained_by_the_drafter_gap(shipped_members):
+    """Where two texts of one prompt part, `first_difference` names the token and the
+    drafter's log-prob gap: for its own greedy text against any other, never negative."""
+    from core import Ensemble
+    from core.bench_concurrency import first_difference
+
+    problem = make_problems(1, seed=9)[0]
+    drafter = shipped_members[0]
+    alone = Ensemble([drafter], "single").generate(problem.messages, max_new_tokens=24).text
+    cut = alone.index(" ", 8)  # a word boundary inside the answer
+    together = alone[:cut] + " zebra"
+    found = first_difference(drafter, problem.messages, alone, together)
+    ids = drafter.canonical_ids(alone)
+    assert 0 < found["shared_tokens"] < len(ids)
+    assert found["gap"] >= 0 and found["tokens"][0] != found["tokens"][1]
+    assert first_difference(drafter, problem.messages, alone, alone[:cut])["shared_tokens"] > 0
