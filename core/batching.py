@@ -191,6 +191,7 @@ class Batcher:
         self.dtype = next(model.parameters()).dtype
         self.batched = batched  # the attention kernel takes a custom 4-D mask
         self._lock = threading.Lock()
+        self._lane = _lane_for(self.device)
         self._queue: list[_Ticket] = []
         self._busy = False
         self._pass_seconds = 0.0  # running mean duration of a forward pass
@@ -239,16 +240,22 @@ class Batcher:
             self._busy = False
 
     def _serve(self, own: _Ticket) -> None:
-        """Run batches until the leader's own pass is done (its pass is always in the first)."""
+        """Run batches until the leader's own pass is done (its pass is always in the first).
+
+        Passes on one device take turns (`_lane_for`): models on one CPU or one GPU gain
+        nothing from running at once, and on a CPU two concurrent passes fight for the one
+        interpreter lock at every tensor operation. Taking turns also lines requests up: while
+        one model's pass runs, the requests heading for another model gather in its queue."""
         while not own.finished:
-            self._gather()
             batch: list[_Ticket] = []
             try:
-                with self._lock:
-                    batch = self._pick(own)
-                    for ticket in batch:
-                        self._queue.remove(ticket)
-                self._execute(batch)
+                with self._lane:
+                    self._gather()
+                    with self._lock:
+                        batch = self._pick(own)
+                        for ticket in batch:
+                            self._queue.remove(ticket)
+                    self._execute(batch)
             except BaseException:  # an interrupt in the leader: the others' passes go back
                 with self._lock:
                     back = [t for t in batch if not (t.finished or t is own or t in self._queue)]
@@ -443,6 +450,16 @@ class _Ticket:
 
 
 _registry_lock = threading.Lock()
+_lanes_lock = threading.Lock()
+_lanes: dict[str, threading.Lock] = {}
+
+
+def _lane_for(device: torch.device) -> threading.Lock:
+    """The one lock of a device's passes (a CUDA device without an index is the current one)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _lanes_lock:
+        return _lanes.setdefault(str(device), threading.Lock())
 
 
 def batcher_for(model, batched: bool) -> Batcher:
