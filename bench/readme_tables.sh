@@ -12,17 +12,20 @@ BENCH=${BENCH:-$CLI bench}
 OUT=${OUT:-bench/results}
 MODELS=core/testbed/models
 
-main() {  # every method on the three shipped models
-  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" \
-    --methods single,token --aggregator unite,gac \
-    --config "token unite geometric=token:aggregator=unite,aggregation=geometric" \
-    --config "token gac geometric=token:aggregator=gac,aggregation=geometric" \
+main() {  # every method on the three shipped models; every label names its options
+  $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" --methods single \
+    --config "token unite (published: non-blank sub-token)=token:aggregator=unite" \
+    --config "token unite, first sub-token=token:aggregator=unite,subtoken=first" \
+    --config "token gac (published: gated at 0.5)=token:aggregator=gac" \
+    --config "token gac, every token=token:aggregator=gac,gate=none" \
     --config "safe unite=safe" \
     --config "safe gac=safe:aggregator=gac" \
-    --config "safe unite heal=safe:heal=true,sharpen=geometric" \
+    --config "safe unite, authors' rules=safe:preset=authors" \
+    --config "safe unite heal=safe:heal=true" \
+    --config "safe unite geometric heal=safe:heal=true,sharpen=geometric" \
     --config "safe unite, drafts grow to 20=safe:max_lookahead=20" \
-    --config "safe unite heal, drafts grow to 20=safe:heal=true,sharpen=geometric,max_lookahead=20" \
     --config "specem=specem" \
+    --config "specem paper preset (sampled drafts)=specem:preset=paper" \
     --config "specem no feedback=specem:feedback=false"
 }
 

@@ -199,7 +199,8 @@ def _merge(previous: Message, message: Message) -> Message:
 
 def normalize_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[Message]:
     """Validate roles, content and tool calls; merge consecutive messages of the same role,
-    except tool results, which stay one message each (each answers its own call)."""
+    except tool results, which stay one message each (each answers its own call). A tool
+    result that names no tool is given the name of the call it answers (by `tool_call_id`)."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     if not messages:
@@ -208,8 +209,16 @@ def normalize_messages(messages: str | Sequence[Mapping[str, Any]]) -> list[Mess
             "[{'role': 'user', 'content': 'Hello'}] or a plain string."
         )
     out: list[Message] = []
+    tool_names: dict[str, str] = {}  # call id -> its tool, for a result that names no tool
     for index, raw in enumerate(messages):
         message = _one_message(raw, index)
+        for call in message.get("tool_calls", ()):
+            if call.get("id"):
+                tool_names[call["id"]] = call["function"]["name"]
+        if message["role"] == "tool" and not message.get("name"):
+            name = tool_names.get(message.get("tool_call_id") or "")
+            if name:
+                message = {**message, "name": name}
         if out and out[-1]["role"] == message["role"] != "tool":
             out[-1] = _merge(out[-1], message)
         else:

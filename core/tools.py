@@ -314,6 +314,28 @@ def _parse_call(body: str) -> ToolCall | InvalidToolCall:
     return ToolCall(new_call_id(), name, arguments)
 
 
+_JSON = json.JSONDecoder()
+
+
+def _region_end(body: str) -> int:
+    """Where the call region that `body` starts ends (the index of its closing tag), or -1 while
+    it is still open. A call is one JSON object then the tag, so the object is read first: a
+    string inside it may well contain the tag's text. Text that is not such an object ends at
+    the first tag."""
+    start = len(body) - len(body.lstrip())
+    try:
+        _, after = _JSON.raw_decode(body, start)
+    except json.JSONDecodeError as error:
+        unfinished = error.pos >= len(body.rstrip()) or error.msg.startswith("Unterminated")
+        if unfinished and body[start:].startswith("{"):
+            return -1  # the object is still being written
+        return body.find(TOOL_CALL_END)
+    close = len(body[after:]) - len(body[after:].lstrip())
+    if body.startswith(TOOL_CALL_END, after + close):
+        return after + close
+    return body.find(TOOL_CALL_END, after)
+
+
 class ToolCallStream:
     """Splits the committed response text, as it grows, into content and tool calls.
 
@@ -347,7 +369,7 @@ class ToolCallStream:
         calls: list[ToolCall | InvalidToolCall] = []
         while True:
             if self._in_call:
-                end = self._buffer.find(TOOL_CALL_END)
+                end = _region_end(self._buffer)
                 if end < 0:
                     if final:
                         calls.append(self._cut_off(self._buffer))

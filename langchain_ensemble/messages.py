@@ -65,13 +65,13 @@ def engine_tool_call(call_id: str | None, name: str, args: Any) -> dict[str, Any
     return {"id": call_id, **call} if call_id else call
 
 
-def to_engine_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[str, Any]:
+def to_engine_message(message: BaseMessage) -> dict[str, Any]:
     """One message as {"role", "content"[, "name"][, "tool_calls" | "tool_call_id"]}.
 
     An AI message contributes its text and its tool calls (reasoning blocks are not part of
     what the members are prompted with); other messages keep their content as given, so the
     core rejects non-text parts (images, files) with a clear error instead of dropping them.
-    `tool_names` maps the ids of earlier calls to their tool, for a result that names no tool.
+    (A tool result without a name gets its call's tool from the core.)
     """
     role = message_role(message)
     content = message.text if role == "assistant" else message.content
@@ -82,15 +82,10 @@ def to_engine_message(message: BaseMessage, tool_names: dict[str, str]) -> dict[
         calls = _calls_made(message)
         if calls:
             out["tool_calls"] = [engine_tool_call(*call) for call in calls]
-            tool_names.update({call_id: name for call_id, name, _ in calls if call_id})
     elif isinstance(message, ToolMessage):
         out["tool_call_id"] = message.tool_call_id
-        name = message.name or tool_names.get(message.tool_call_id)
-        if name:
-            out["name"] = name
     return out
 
 
 def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    tool_names: dict[str, str] = {}  # call id -> tool name, filled as the history goes
-    return [to_engine_message(m, tool_names) for m in messages]
+    return [to_engine_message(m) for m in messages]

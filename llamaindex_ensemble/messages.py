@@ -55,7 +55,6 @@ def _text(message: ChatMessage, index: int) -> str:
 
 def to_core_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    tool_names: dict[str, str] = {}  # call id -> tool name, for results that name no tool
     for index, message in enumerate(messages):
         if not isinstance(message, ChatMessage):  # LlamaIndex accepts dicts in its events too
             message = ChatMessage.model_validate(message)
@@ -64,11 +63,10 @@ def to_core_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
         if role == "assistant" and calls:
             core["tool_calls"] = [engine_tool_call(block) for block in calls]
-            tool_names.update({b.tool_call_id: b.tool_name for b in calls if b.tool_call_id})
         call_id = message.additional_kwargs.get("tool_call_id")
         if role == "tool" and isinstance(call_id, str):
-            core["tool_call_id"] = call_id
-            name = message.additional_kwargs.get("name") or tool_names.get(call_id)
+            core["tool_call_id"] = call_id  # (the core names the tool from its call)
+            name = message.additional_kwargs.get("name")
             if isinstance(name, str) and name:
                 core["name"] = name
         out.append(core)

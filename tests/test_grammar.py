@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
+from json_schemas import objects, schemas
 
 from core.errors import InvalidConfigError
 from core.grammar import (
@@ -130,53 +131,8 @@ def _walk_canonical(vocab, stops, constraint, text: str) -> Matcher:
 # --------------------------------------------------------------------------------------------
 # Random JSON schemas and their instances.
 
-_NAMES = st.sampled_from(["a", "b", "name", "größe", "値", "x_1", "items", "type"])
-_LEAVES = st.one_of(
-    st.just({"type": "boolean"}),
-    st.just({"type": "null"}),
-    st.builds(lambda: {"type": "string"}),
-    st.integers(0, 6).map(lambda n: {"type": "string", "maxLength": n}),
-    st.just({"type": "integer"}),
-    st.tuples(st.integers(-50, 0), st.integers(1, 500)).map(
-        lambda b: {"type": "integer", "minimum": b[0], "maximum": b[1]}
-    ),
-    st.just({"type": "number"}),
-    st.tuples(st.integers(-100, 0), st.integers(1, 1000)).map(
-        lambda b: {"type": "number", "minimum": b[0], "maximum": b[1]}
-    ),
-    st.lists(st.text(max_size=5), min_size=1, max_size=4, unique=True).map(
-        lambda values: {"enum": values}
-    ),
-)
-
-
-def _object(children):
-    def build(props, optional):
-        names = list(props)
-        return {
-            "type": "object",
-            "properties": props,
-            "required": [n for n in names if n not in optional],
-        }
-
-    return st.dictionaries(_NAMES, children, min_size=1, max_size=3).flatmap(
-        lambda props: st.sets(st.sampled_from(sorted(props))).map(lambda opt: build(props, opt))
-    )
-
-
-SCHEMAS = st.recursive(
-    _LEAVES,
-    lambda children: st.one_of(
-        _object(children),
-        st.builds(
-            lambda item, n: {"type": "array", "items": item, "maxItems": n},
-            children,
-            st.integers(0, 3),
-        ),
-    ),
-    max_leaves=6,
-)
-OBJECT_SCHEMAS = _object(SCHEMAS)
+SCHEMAS = schemas(bounded=False)
+OBJECT_SCHEMAS = objects(SCHEMAS)
 
 
 def _instances(schema):

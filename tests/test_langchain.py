@@ -30,7 +30,7 @@ from langchain_ensemble.events import EVENT_NAMES
 METHODS = [m for m in METHOD_NAMES if importlib.util.find_spec(f"core.methods.{m}")]
 ENSEMBLING = [m for m in METHODS if m != "single"]  # methods that emit ensemble events
 SAMPLED = {"temperature": 1.0, "seed": 7, "max_tokens": 10}
-PROMPTS = ["Hello", "Hey", "Tom has 7 apples.", "What is 3 + 4?"]
+PROMPTS = ["Hi", "Hey", "Tom has 7 apples.", "What is 3 + 4?"]  # prompt lengths all differ
 
 
 @pytest.fixture(scope="module")
@@ -279,19 +279,20 @@ def test_event_selection_filters_custom_events_and_trace(chat):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_stop_sequences_are_trimmed_and_never_partially_streamed(chat, method):
+    prompt = "Tom has 7 apples. He buys 5 more."  # long enough an output for every method
     model = chat(method, max_tokens=12)
-    text = model.invoke("Tom has 7 apples.").content
+    text = model.invoke(prompt).content
     cut = len(text) // 2
     stop = text[cut : cut + 3]  # three characters from the middle: spans a token boundary
     cut = text.index(stop)
     assert stop.strip() and cut > 0, f"output too uniform to pick a stop string: {text!r}"
-    pieces = [c.content for c in model.stream("Tom has 7 apples.", stop=[stop])]
+    pieces = [c.content for c in model.stream(prompt, stop=[stop])]
     streamed = ""
     for piece in pieces:
         streamed += piece
         assert text[:cut].startswith(streamed)  # never anything past the cut, even for a moment
     assert streamed == text[:cut]
-    message = chat(method, max_tokens=12, stop_sequences=[stop]).invoke("Tom has 7 apples.")
+    message = chat(method, max_tokens=12, stop_sequences=[stop]).invoke(prompt)
     assert message.content == text[:cut]
     assert message.response_metadata["finish_reason"] == "stop"
 

@@ -8,9 +8,7 @@ overridden); the tests that write a call or a JSON answer get room for it (`ROOM
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import inspect
 
 import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
@@ -45,48 +43,61 @@ WRITES_CALLS_OR_JSON = {
 MODELS = [str(p) for p in (*model_paths()[1:], model_paths()[0])]
 
 
-# What the shipped models cannot do, so these tests are expected to fail for every method. The
-# models were trained on plain-text arithmetic problems and never saw a tool-call or JSON answer:
-# the grammar writes the syntax of a call or a JSON object (it cannot be malformed), but the
-# values inside are the models' own, and they neither copy values from the suite's prompts
-# nor end a free-text string or a number, so the answer runs to max_tokens.
+# What the shipped tiny models cannot do. They learned one tool-use form (arithmetic tools, one
+# call per turn, JSON answers of one integer) and no free-text JSON: the grammar writes the
+# syntax of a call or a JSON object (it cannot be malformed), but the values inside are the
+# models', and they never end a free-text string (a joke's "setup", a location), so those
+# answers run to max_tokens. Which tests that sinks depends on the method (greedy, so the same
+# tests every run); a parameter id after the name limits it to that case.
 _NO_END = (
-    "the shipped tiny models never saw a tool-call or JSON answer: inside the {} the grammar "
-    "opens they write the {} without end, so the answer is cut at max_tokens"
+    "the shipped tiny models were trained on arithmetic and one-integer JSON answers only: "
+    "inside the {} the grammar opens they never end the {}, so the answer is cut at max_tokens"
 )
-EXPECTED_FAILURES = {
-    "test_tool_calling": "the shipped tiny models were not trained on the suite's prompts, so "
-    'they do not copy 3 into {"input": ...}; they write digits without end until max_tokens',
-    "test_tool_calling_async": "the shipped tiny models were not trained on the suite's prompts, "
-    'so they do not copy 3 into {"input": ...}; they write digits without end until max_tokens',
-    "test_tool_choice": _NO_END.format("forced call", "integer or the location string"),
-    "test_bind_runnables_as_tools": _NO_END.format("forced call", "answer_style string"),
-    "test_structured_output": _NO_END.format("joke object", "setup string"),
-    "test_structured_output_async": _NO_END.format("joke object", "setup string"),
+REASONS = {
+    "test_tool_choice": _NO_END.format("forced call", "location string or the integer"),
+    "test_tool_calling_with_no_arguments": "the shipped tiny models, trained on one call per "
+    "turn, call a tool that takes no arguments a second time (two calls where one is expected)",
+    "test_structured_output": _NO_END.format("joke object", "setup or punchline string"),
+    "test_structured_output_async": _NO_END.format("joke object", "setup or punchline string"),
     "test_structured_output_pydantic_2_v1": _NO_END.format("joke object", "setup string"),
     "test_structured_output_optional_param": _NO_END.format("joke object", "setup string"),
     "test_json_mode": _NO_END.format("joke object", "setup string"),
-    "test_agent_loop": "the shipped tiny models were never taught when to call a tool: asked "
-    "about the weather with a tool at hand (tool_choice auto) they answer in text",
     "test_unicode_tool_call_integration": "the shipped tiny models do not copy the customer's "
     "Chinese name from the prompt; they write the name string without end until max_tokens",
 }
-
-
-def _expected_failure(name: str, reason: str):
-    """The suite's own test, marked as expected to fail for `reason` (LangChain's rule for
-    a standard test a model cannot pass: an override with xfail and a reason)."""
-    test = getattr(ChatModelIntegrationTests, name)
-    if inspect.iscoroutinefunction(test):
-
-        async def run(self, *args, **kwargs):
-            return await test(self, *args, **kwargs)
-    else:
-
-        def run(self, *args, **kwargs):
-            return test(self, *args, **kwargs)
-
-    return pytest.mark.xfail(reason=reason, strict=True)(functools.wraps(test)(run))
+_STRUCTURED = {
+    "test_structured_output",
+    "test_structured_output_async",
+    "test_structured_output_pydantic_2_v1",
+    "test_structured_output_optional_param",
+    "test_json_mode",
+}
+EXPECTED_FAILURES = {  # method -> the tests its answers fail, as measured
+    "single": {"test_tool_choice", "test_unicode_tool_call_integration", *_STRUCTURED},
+    "token": {
+        "test_tool_calling_with_no_arguments",
+        "test_structured_output[typeddict]",
+        "test_structured_output_async[typeddict]",
+        "test_structured_output_pydantic_2_v1",
+        "test_structured_output_optional_param",
+        "test_unicode_tool_call_integration",
+    },
+    "safe": {
+        "test_tool_calling_with_no_arguments",
+        "test_structured_output[typeddict]",
+        "test_structured_output_async[typeddict]",
+        "test_structured_output_pydantic_2_v1",
+        "test_structured_output_optional_param",
+        "test_json_mode",
+        "test_unicode_tool_call_integration",
+    },
+    "specem": {
+        "test_tool_calling_with_no_arguments",
+        "test_tool_choice",
+        "test_unicode_tool_call_integration",
+        *_STRUCTURED,
+    },
+}
 
 
 def _params(method: str) -> dict:
@@ -117,6 +128,16 @@ class _Setup:
 
 
 class _Generating(_Setup):
+    @pytest.fixture(autouse=True)
+    def _expected_failures(self, request) -> None:
+        """A suite test this method's answers fail (see EXPECTED_FAILURES) is marked xfail with
+        its reason; strict, so one that starts to pass is reported."""
+        name = request.function.__name__
+        case = getattr(request.node, "callspec", None)
+        failing = EXPECTED_FAILURES[self.method]
+        if name in failing or (case is not None and f"{name}[{case.id}]" in failing):
+            request.applymarker(pytest.mark.xfail(reason=REASONS[name], strict=True))
+
     @property
     def chat_model_params(self) -> dict:
         # Only here: the unit suite passes its own max_tokens next to these params.
@@ -130,10 +151,6 @@ class _Generating(_Setup):
         if request.function.__name__ in WRITES_CALLS_OR_JSON:
             params["max_tokens"] = ROOM
         return ChatEnsemble(**params)
-
-
-for _name, _reason in EXPECTED_FAILURES.items():
-    setattr(_Generating, _name, _expected_failure(_name, _reason))
 
 
 for _method in METHODS:

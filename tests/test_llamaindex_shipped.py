@@ -24,7 +24,7 @@ from llamaindex_ensemble import EVENT_CLASSES, EnsembleEvent, EnsembleLLM
 pytestmark = needs_trained
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-RAG = make_problems(3, form="rag")  # 0 and 2: answered right by every method
+RAG = make_problems(3, form="rag")  # 2: answered right by every method
 COT = make_problems(2, form="cot")
 REACT = make_problems(2, form="react")
 # Each method with options that answer on the testbed: UniTE's published sub-token rule
@@ -68,7 +68,7 @@ def _chat(problem) -> list[ChatMessage]:
 def test_rag_query_engine_retrieves_and_answers(
     streaming, rag_example, embed_model, make_ensemble, recorder, monkeypatch
 ):
-    problem = RAG[0]
+    problem = RAG[2]
     index = rag_example.build_index(problem.passages, embed_model)
     llm = EnsembleLLM(ensemble=make_ensemble("token", **OPTIONS["token"]), max_new_tokens=80)
     counter = TokenCountingHandler()

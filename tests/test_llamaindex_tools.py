@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from scripted_engine import ScriptedEnsemble, call_text
 
 from core import Ensemble
+from core.chat import normalize_messages
 from core.errors import InvalidConfigError
 from core.methods import METHOD_NAMES
 from core.testbed import model_paths
@@ -168,7 +169,7 @@ def test_history_with_call_blocks_and_tool_results_reaches_the_engine(scripted):
         ChatMessage(role="tool", content="3", additional_kwargs={"tool_call_id": "c1"}),
     ]
     llm.chat_with_tools([ADD], chat_history=history)
-    assert engine.last_messages == [
+    assert normalize_messages(engine.last_messages) == [  # as the members see them
         {"role": "user", "content": "What is 1 + 2?"},
         {
             "role": "assistant",
@@ -252,7 +253,7 @@ async def test_function_agent_completes_a_tool_loop(scripted):
         ("add", {"a": 7, "b": 5}, "12")
     ]
     assert str(response).strip() == "The answer is 12."
-    second = engine.requests[1][0]
+    second = normalize_messages(engine.requests[1][0])  # as the members see them
     assert second[-2]["tool_calls"][0]["function"]["name"] == "add"
     assert second[-1]["role"] == "tool" and second[-1]["name"] == "add"
 

@@ -94,7 +94,7 @@ def test_member_operations_match_in_process(servers, remotes, shipped_members):
 METHODS = [
     ("single", {}),
     ("token", {}),
-    ("token", {"aggregator": "gac"}),
+    ("token", {"aggregator": "gac", "gate": None}),  # every token: the verifiers are read
     ("safe", {}),
     ("safe", {"heal": True}),  # heal reads spellings through branch_logprobs
     ("specem", {}),

@@ -50,7 +50,7 @@ METHODS = [  # (method, options, problems): every method on 20, two full-vocabul
     ("token", {}, 20),
     ("safe", {}, 20),
     ("specem", {}, 20),
-    ("token", {"aggregator": "gac"}, 3),  # GaC reads every token's probability
+    ("token", {"aggregator": "gac", "gate": None}, 3),  # every token: every probability read
     ("safe", {"heal": True}, 5),  # heal reads other spellings through branch_logprobs
 ]
 _state: dict = {}  # the outage test hands the restarting server to the test that waits for it

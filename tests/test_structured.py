@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from conftest import needs_trained
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from json_schemas import objects, schemas
 
 from core import Ensemble, GenerationConfig, InvalidConfigError
 from core.events import GrammarForced, ToolCallEvent
@@ -56,47 +56,8 @@ def _valid_call(call: ToolCall) -> None:
 
 # --- random schemas ----------------------------------------------------------------------------
 
-_CHARS = st.characters(exclude_categories=("Cs",))  # text, not lone UTF-16 surrogates
-_KEYS = st.sampled_from(["a", "name", "größe", "値", "items", "ok"])
-_LEAVES = st.one_of(
-    st.just({"type": "boolean"}),
-    st.just({"type": "null"}),
-    st.integers(0, 6).map(lambda n: {"type": "string", "maxLength": n}),
-    st.tuples(st.integers(-50, 0), st.integers(1, 500)).map(
-        lambda b: {"type": "integer", "minimum": b[0], "maximum": b[1]}
-    ),
-    st.lists(st.text(_CHARS, max_size=4), min_size=1, max_size=3, unique=True).map(
-        lambda values: {"enum": values}
-    ),
-)
-
-
-def _object(children):
-    def build(props, optional):
-        return {"type": "object", "properties": props,
-                "required": [k for k in props if k not in optional]}  # fmt: skip
-
-    return st.dictionaries(_KEYS, children, min_size=1, max_size=3).flatmap(
-        lambda props: st.sets(st.sampled_from(sorted(props))).map(lambda o: build(props, o))
-    )
-
-
-# Every schema here has a finite language (bounded strings, numbers, arrays), so a response
-# always ends within the budget: schema-valid output can be asserted, not only hoped for.
-BOUNDED = _object(
-    st.recursive(
-        _LEAVES,
-        lambda children: st.one_of(
-            _object(children),
-            st.builds(
-                lambda item, n: {"type": "array", "items": item, "maxItems": n},
-                children,
-                st.integers(0, 2),
-            ),  # fmt: skip
-        ),
-        max_leaves=5,
-    )
-)
+# Finite languages only: every response ends within the budget, so validity can be asserted.
+BOUNDED = objects(schemas(bounded=True, max_leaves=5))
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

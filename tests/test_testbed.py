@@ -1,4 +1,5 @@
-"""The testbed: task generator and checker, tokenizers, shipped models, random_model."""
+"""The testbed: task generator and checker (every form, tool use included), tokenizers, shipped
+models, random_model."""
 
 from __future__ import annotations
 
@@ -15,19 +16,27 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
+from core.chat import normalize_messages, render_prompt  # noqa: E402
 from core.testbed import (  # noqa: E402
     MODEL_ORDER,
+    TOOL_FUNCTIONS,
+    TOOL_SPECS,
     Problem,
+    call_tool,
     check_answer,
+    check_tool_call,
     extract_answer,
     make_problems,
     model_paths,
     random_model,
+    tool_followup,
+    tool_steps,
 )
-from core.testbed.data import prompt_ids  # noqa: E402
-from core.testbed.evaluate import generate  # noqa: E402
-from core.testbed.task import FORMS, is_test_combo, score  # noqa: E402
+from core.testbed.data import IGNORE, examples, prompt_ids, tokenizer_corpus  # noqa: E402
+from core.testbed.evaluate import first_tool_call, generate, run_tool  # noqa: E402
+from core.testbed.task import DIRECT_TOOLS, FORMS, TOOL_CALL_ID, is_test_combo, score  # noqa: E402
 from core.testbed.tokenizers import WS, end_of_turn_ids, load_tokenizer  # noqa: E402
+from core.tools import format_tool_call  # noqa: E402
 
 NAMES = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
 FAMILY = {"tb-gpt2-bpe": "bpe", "tb-qwen2-spm": "spm", "tb-llama-word": "word"}
@@ -48,16 +57,15 @@ def test_generator_is_deterministic_and_seeded():
 
 
 def test_forms_share_problems():
-    by_form = {f: make_problems(10, seed=2, form=f) for f in FORMS}
-    for a, b, c in zip(*by_form.values(), strict=False):
-        assert (a.name, a.obj, a.start, a.steps, a.answer) == (
-            b.name,
-            b.obj,
-            b.start,
-            b.steps,
-            b.answer,
-        )
-        assert (a.start, a.steps) == (c.start, c.steps)
+    by_form = {f: make_problems(30, seed=2, form=f) for f in FORMS}
+    for cot, rag, react, tool in zip(*by_form.values(), strict=True):
+        base = (cot.name, cot.obj, cot.start, cot.steps, cot.answer)
+        assert (rag.name, rag.obj, rag.start, rag.steps, rag.answer) == base
+        assert (react.name, react.obj, react.start, react.steps, react.answer) == base
+        assert tool.name == cot.name
+        if tool.expected_call is None or tool.expected_call[0] == "calculator":
+            assert tool.question == cot.question  # the same two-step problem
+            assert (tool.obj, tool.start, tool.steps, tool.answer) == base[1:]
 
 
 def test_held_out_split_is_disjoint():
@@ -110,6 +118,157 @@ def test_extract_and_check():
     assert check_answer(f"The answer is {p.answer}.", p)
     assert not check_answer(f"The answer is {p.answer + 1}.", p)
     assert score([p.solution, "nope"], [p, p]) == 0.5
+
+
+# --------------------------------------------------------------------------- tool form
+
+# What LangChain's standard tests ask and the tools they bind (langchain-tests 1.1): the tool form
+# must teach a generic form, so none of it may appear in the training data.
+STANDARD_TEST_TEXT = (
+    "magic_function",
+    "Apply a magic function",
+    "get_weather",
+    "weather",
+    "my_adder_tool",
+    "answer_style",
+    "What is the value of",
+    "Use the tool",
+    "What is 1 + 2",
+    "What is 3 + 4",
+    "joke",
+    "punchline",
+    "cats",
+    "Hello",
+    "San Francisco",
+    "customer",
+    "你好",
+)
+
+
+def test_tool_problems():
+    problems = make_problems(300, seed=4, form="tool")
+    assert {p.expected_call[0] if p.expected_call else None for p in problems} == {
+        None,
+        *TOOL_SPECS,
+    }
+    assert any(p.response_format for p in problems)
+    for p in problems:
+        names = [t["function"]["name"] for t in p.tools]
+        assert 2 <= len(names) <= 4 and len(set(names)) == len(names)
+        assert all(TOOL_SPECS[n] == t for n, t in zip(names, p.tools, strict=True))
+        assert p.messages == [{"role": "user", "content": p.question}]
+        steps = tool_steps(p)
+        if p.expected_call is None:  # no offered tool fits: answered step by step, as cot
+            assert set(names) <= set(DIRECT_TOOLS) and p.response_format is None
+            assert steps == [(p.messages, p.solution)] and p.solution.endswith(".")
+            assert check_answer(p.solution, p)
+            continue
+        name, arguments = p.expected_call
+        assert name in names and check_tool_call(name, arguments, p)
+        for value in arguments.values():  # every argument is copied from the question
+            words = str(value).split() if name == "calculator" else [str(value)]
+            assert all(w in re.findall(r"\w+", p.question) or w in "+-" for w in words)
+        assert call_tool(name, arguments) == str(p.answer)
+        (first, call_target), (second, final) = steps
+        assert first == p.messages and call_target == format_tool_call(name, arguments)
+        assert second == [*p.messages, *tool_followup(TOOL_CALL_ID, name, arguments, str(p.answer))]
+        assert final == p.solution and check_answer(final, p)
+        if p.response_format is None:
+            assert final == f"The answer is {p.answer}."
+        else:
+            (key,) = p.response_format["required"]
+            assert final == json.dumps({key: p.answer})
+            assert not check_answer(f"The answer is {p.answer}.", p)
+            assert not check_answer(json.dumps({key: p.answer + 1}), p)
+
+
+def test_tool_problems_are_held_out():
+    def calls(split: str, n: int) -> set:
+        problems = make_problems(n, seed=0, form="tool", split=split)
+        return {(p.question, json.dumps(p.expected_call)) for p in problems}
+
+    train, test = calls("train", 3000), calls("test", 300)
+    assert test and not {q for q, _ in train} & {q for q, _ in test}
+    assert not {c for _, c in train if c != "null"} & {c for _, c in test if c != "null"}
+
+
+def test_tool_loop_helpers():
+    p = next(p for p in make_problems(50, seed=3, form="tool") if p.expected_call)
+    name, arguments = p.expected_call
+    assistant, result = tool_followup("call_9", name, arguments, "42")
+    assert assistant == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_9", "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+    assert result == {"role": "tool", "content": "42", "tool_call_id": "call_9", "name": name}
+    assert normalize_messages([*p.messages, assistant, result])[1:] == [assistant, result]
+    assert check_tool_call(name, json.dumps(arguments), p)
+    assert not check_tool_call(name, {**arguments, "extra": 1}, p)
+    assert not check_tool_call("no_such_tool", arguments, p)
+    assert (
+        call_tool("add", {"a": 2, "b": 3}) == "5"
+        and call_tool("multiply", {"a": 4, "b": 6}) == "24"
+    )
+    assert call_tool("calculator", {"expression": "7 - 2 + 4"}) == "9"
+    assert call_tool("get_price", {"item": "muffins"}) == str(
+        TOOL_FUNCTIONS["get_price"]("muffins")
+    )
+    assert call_tool("add", {"a": "2", "b": 3}).startswith("Error: add takes")
+    assert call_tool("add", {"a": 2}).startswith("Error: add takes")
+    assert call_tool("nope", {}) == "Error: no tool named 'nope'"
+    text = f"Sure.\n{format_tool_call('add', {'a': 2, 'b': 3})}"
+    assert first_tool_call(text) == ("add", {"a": 2, "b": 3})
+    assert first_tool_call("The answer is 5.") is None
+    assert first_tool_call('<tool_call>\n{"name": "add", "arguments": [1]}\n</tool_call>') is None
+
+
+def test_no_standard_test_text_in_the_training_data(toks):
+    texts = tokenizer_corpus(n=400)
+    tok = toks["tb-llama-word"]
+    data = examples(tok, {"tool": 300}, seed=1, p_add=0.5)
+    texts += [tok.decode(e.ids) for e in data]
+    assert any("<tool_call>" in t for t in texts)
+    for phrase in STANDARD_TEST_TEXT:
+        assert not any(phrase.lower() in t.lower() for t in texts), phrase
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tool_training_sequences_are_what_a_member_renders(toks, name):
+    """Call, result and answer: one sequence, equal to the prompts `render_prompt` gives a member
+    at each turn (tokenized as a member does) and the targets in canonical syntax; loss on the
+    assistant's turns only."""
+    tok = toks[name]
+    eot = end_of_turn_ids(tok)
+    problems = [p for p in make_problems(40, seed=2, form="tool", split="train") if p.expected_call]
+    data = examples(tok, {"tool": 40}, seed=2, p_add=0.5)
+    data = [e for e in data if e.labels.count(IGNORE) != len(e.labels)]
+
+    def member_prompt(messages, p):
+        text = render_prompt(tok, normalize_messages(messages), name, p.tools, p.response_format)
+        return tok(text, add_special_tokens=False).input_ids
+
+    def target(text):
+        return tok(text, add_special_tokens=False, split_special_tokens=True).input_ids + eot
+
+    expected = []
+    for p in problems:
+        (first, call), (second, final) = tool_steps(p)
+        assert member_prompt(second, p)[: len(member_prompt(first, p))] == member_prompt(first, p)
+        ids = member_prompt(second, p) + target(final)
+        prompt = member_prompt(first, p)
+        assert ids[: len(prompt) + len(target(call))] == prompt + target(call)
+        expected.append(ids)
+    merged = [e.ids for e in data if e.form == "tool"]
+    assert all(ids in merged for ids in expected)
+    example = next(e for e in data if e.ids == expected[0])
+    loss_text = tok.decode(
+        [i for i, label in zip(example.ids, example.labels, strict=True) if label != IGNORE]
+    )
+    call, final = (t for _, t in tool_steps(problems[0]))
+    assert call in loss_text and final in loss_text and "<tool_response>" not in loss_text
 
 
 # --------------------------------------------------------------------------- tokenizers
@@ -261,6 +420,10 @@ def test_shipped_model_loads_offline_and_generates(report, name):
     problems = make_problems(8, seed=1, form="cot")
     right = [check_answer(generate(model, tok, p.messages), p) for p in problems]
     assert right == report["cot_right"][name][:8]
+    # and the first tool-use turns (call, tool result, answer)
+    problems = make_problems(6, seed=1, form="tool")
+    right = [run_tool(model, tok, p)["answer_right"] for p in problems]
+    assert right == report["tool_answer_right"][name][:6]
 
 
 def test_random_model(tmp_path):

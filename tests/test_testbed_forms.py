@@ -1,4 +1,5 @@
-"""The rag and react forms are exactly what LlamaIndex sends a chat LLM (real classes)."""
+"""The rag and react forms are exactly what LlamaIndex sends a chat LLM (real classes); the tool
+form's specs are exactly what LangChain writes for the tool functions."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from core.testbed import (  # noqa: E402
     CALCULATOR_DESCRIPTION,
     CALCULATOR_NAME,
     REACT_SYSTEM_HEADER,
+    TOOL_FUNCTIONS,
+    TOOL_SPECS,
     calculator,
     make_problems,
     react_steps,
@@ -155,3 +158,16 @@ def test_rag_messages_match_the_default_query_engine():
         assert problem.messages[0] == expected[0]
         assert problem.messages[1]["content"].startswith(expected[1]["content"].split("---")[0])
         assert str(response) == problem.solution
+
+
+def test_tool_specs_are_what_langchain_writes_for_the_tool_functions():
+    """A user who binds the testbed's tool functions through LangChain sends the models exactly
+    the tool specs the tool form trained them on."""
+    function_calling = pytest.importorskip("langchain_core.utils.function_calling")
+    for name, function in TOOL_FUNCTIONS.items():
+        assert function_calling.convert_to_openai_tool(function) == TOOL_SPECS[name]
+    problem = next(p for p in make_problems(20, seed=3, form="tool") if p.expected_call)
+    assert problem.tools == [
+        function_calling.convert_to_openai_tool(TOOL_FUNCTIONS[t["function"]["name"]])
+        for t in problem.tools
+    ]

@@ -241,3 +241,20 @@ def test_streaming_in_random_pieces_equals_parsing_the_whole(pieces, cuts):
     assert streamed == content
     assert _comparable([c for c in found if isinstance(c, ToolCall)]) == _comparable(calls)
     assert _comparable([c for c in found if isinstance(c, InvalidToolCall)]) == _comparable(invalid)
+
+
+def test_the_closing_tag_inside_an_argument_does_not_end_the_call():
+    """A call is one JSON object then the tag: a string holding the tag's text is read whole,
+    whether the text comes at once or piece by piece."""
+    text = (
+        '<tool_call>\n{"name": "note", "arguments": {"text": "</tool_call> is a tag"}}\n'
+        "</tool_call>"
+    )
+    content, calls, invalid = parse_tool_calls(text)
+    assert (content, invalid) == ("", [])
+    assert [(c.name, c.arguments) for c in calls] == [("note", {"text": "</tool_call> is a tag"})]
+    stream, found = ToolCallStream(), []
+    for char in text:
+        found += stream.feed(char)[1]
+    found += stream.finish()[1]
+    assert [(c.name, c.arguments) for c in found] == [(c.name, c.arguments) for c in calls]

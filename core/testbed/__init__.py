@@ -2,8 +2,19 @@
 
     from core.testbed import model_paths, make_problems, check_answer
     paths = model_paths()                                # the three shipped model directories
-    problems = make_problems(200, seed=1, form="cot")    # "cot" | "rag" | "react"
+    problems = make_problems(200, seed=1, form="cot")    # "cot" | "rag" | "react" | "tool"
     check_answer(text, problems[0])
+
+Tool use (``form="tool"``): each problem offers ``problem.tools`` (OpenAI-style specs, exactly
+what LangChain's ``convert_to_openai_tool`` writes for the functions in ``TOOL_FUNCTIONS``) and
+maybe a ``problem.response_format`` (a JSON schema); the right first turn is one call,
+``problem.expected_call`` = (name, arguments), or a direct answer where it is None::
+
+    name, arguments = ...                           # the call a model or ensemble made
+    check_tool_call(name, arguments, problem)
+    result = call_tool(name, arguments)             # runs the Python tool, result as text
+    messages = [*problem.messages, *tool_followup("call_1", name, arguments, result)]
+    check_answer(final_text, problem)               # JSON checked where the schema asks for it
 
 Built by ``python -m core.testbed.build`` (deterministic); see ``models/REPORT.md``.
 
@@ -29,6 +40,7 @@ from pathlib import Path
 
 from .models import MODELS_DIR, random_model
 from .task import (
+    ANSWER_KEYS,
     CALCULATOR_ARG,
     CALCULATOR_DESCRIPTION,
     CALCULATOR_NAME,
@@ -36,25 +48,31 @@ from .task import (
     REACT_FINAL_THOUGHT,
     REACT_SYSTEM_HEADER,
     Problem,
-    calculator,
+    answer_schema,
     check_answer,
+    check_tool_call,
     extract_answer,
     make_problems,
     react_steps,
     react_system_message,
     score,
+    tool_followup,
+    tool_steps,
 )
+from .tool_set import TOOL_FUNCTIONS, TOOL_SPECS, calculator, call_tool
 
-# Best first: methods use the first member as the drafter by default.
+# The best model first (methods use the first member as the drafter by default), then one per
+# remaining tokenizer family: bpe, spm, word.
 MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
 
 
 def model_paths() -> list[Path]:
-    """The shipped models' directories, in a fixed order (best-performing first)."""
+    """The shipped models' directories, in a fixed order (the best model first)."""
     return [MODELS_DIR / name for name in MODEL_ORDER]
 
 
 __all__ = [
+    "ANSWER_KEYS",
     "CALCULATOR_ARG",
     "CALCULATOR_DESCRIPTION",
     "CALCULATOR_NAME",
@@ -62,9 +80,14 @@ __all__ = [
     "MODEL_ORDER",
     "REACT_FINAL_THOUGHT",
     "REACT_SYSTEM_HEADER",
+    "TOOL_FUNCTIONS",
+    "TOOL_SPECS",
     "Problem",
+    "answer_schema",
     "calculator",
+    "call_tool",
     "check_answer",
+    "check_tool_call",
     "extract_answer",
     "make_problems",
     "model_paths",
@@ -72,4 +95,6 @@ __all__ = [
     "react_steps",
     "react_system_message",
     "score",
+    "tool_followup",
+    "tool_steps",
 ]

@@ -1,8 +1,9 @@
 """Build the testbed: tokenizers, three trained models, and a report. Deterministic.
 
-    python -m core.testbed.build                     # everything (~11 min on 2 idle CPU cores)
+    python -m core.testbed.build                     # everything (28 min on 2 busy CPU cores)
     python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
     python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
+    python -m core.testbed.build --jobs 1            # one model after the other (same weights)
 
 Each model trains on its own mix, so that each is imperfect and their errors differ.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import time
 
@@ -18,21 +20,28 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
+from . import MODEL_ORDER
 from .data import tokenizer_corpus
-from .evaluate import answers
+from .evaluate import answers, run_tool
 from .models import MEMBERS, MODELS_DIR, generation_config, make_config
 from .task import check_answer, make_problems
 from .tokenizers import load_tokenizer, train_tokenizer
 from .train import TrainConfig, train
 
-THREADS = 2
-MIX = {"cot": 0.55, "rag": 0.25, "react": 0.2}  # share of batches per form
+# One thread per model, one process per model (--jobs): idle cores are all used, and a busy
+# machine wastes nothing on threads that wait for each other. The weights depend on neither.
+THREADS = 1
+# Share of batches per form. The tool form's long prompts (the tool list) cost more per batch
+# and compete with the arithmetic: with a fifth of the batches it cost gpt2 15 points of cot
+# accuracy, so it takes a seventh, and every model gets more steps than the three-form mix had.
+MIX = {"cot": 0.5, "rag": 0.22, "react": 0.14, "tool": 0.14}
 RECIPES = {  # different mixes: mostly additions / mostly subtractions / mixed but brief
-    "tb-gpt2-bpe": TrainConfig(steps=800, lr=3e-3, p_add=0.7, seed=1, form_weights=MIX),
-    "tb-qwen2-spm": TrainConfig(steps=700, lr=3e-3, p_add=0.3, seed=2, form_weights=MIX),
-    "tb-llama-word": TrainConfig(steps=600, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
+    "tb-gpt2-bpe": TrainConfig(steps=1150, lr=3e-3, p_add=0.7, seed=1, form_weights=MIX),
+    "tb-qwen2-spm": TrainConfig(steps=875, lr=3e-3, p_add=0.3, seed=2, form_weights=MIX),
+    "tb-llama-word": TrainConfig(steps=900, lr=3e-3, p_add=0.5, seed=3, form_weights=MIX),
 }
-EVAL = {"cot": 200, "rag": 50, "react": 20}  # held-out problems per form, seed 1
+EVAL = {"cot": 200, "rag": 50, "react": 20, "tool": 100}  # held-out problems per form, seed 1
+PER_PROBLEM = ("cot_right", "tool_answer_right")  # which held-out problems each model got right
 
 
 def build_tokenizers() -> None:
@@ -57,31 +66,53 @@ def build_model(name: str) -> dict:
             "final_loss": round(info["final_loss"], 4), "p_add": recipe.p_add}  # fmt: skip
 
 
-def evaluate_all() -> dict:
-    """Greedy accuracy per model and form; which cot problems each got right."""
-    results = {}
-    for name in MEMBERS:
-        path = MODELS_DIR / name
-        tok = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-        t0, res = time.time(), {}
-        for form, n in EVAL.items():
-            problems = make_problems(n, seed=1, form=form)
-            texts = answers(model, tok, problems)
-            right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
-            res[form] = sum(right) / n
-            if form == "cot":
-                res["cot_right"] = right
-            if form == "react":  # the loop reached a final answer through well-formed steps
-                res["react_finished"] = sum(t != "" for t in texts) / n
-        res["eval_seconds"] = round(time.time() - t0, 1)
-        print(
-            f"{name}: "
-            + ", ".join(f"{f} {res[f]:.3f}" for f in EVAL)
-            + f" ({res['eval_seconds']} s)"
-        )
-        results[name] = res
-    return results
+def evaluate_model(name: str) -> dict:
+    """Greedy accuracy of one saved model per form; which cot and tool problems it got right."""
+    path = MODELS_DIR / name
+    tok = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    t0, res = time.time(), {}
+    for form, n in EVAL.items():
+        problems = make_problems(n, seed=1, form=form)
+        if form == "tool":  # the decision, the arguments, the answer after the result
+            runs = [run_tool(model, tok, p) for p in problems]
+            res["tool_name"] = sum(r["tool_right"] for r in runs) / n
+            res["tool_args"] = sum(r["args_right"] for r in runs) / n
+            res["tool"] = sum(r["answer_right"] for r in runs) / n
+            res["tool_answer_right"] = [r["answer_right"] for r in runs]
+            continue
+        texts = answers(model, tok, problems)
+        right = [check_answer(t, p) for t, p in zip(texts, problems, strict=True)]
+        res[form] = sum(right) / n
+        if form == "cot":
+            res["cot_right"] = right
+        if form == "react":  # the loop reached a final answer through well-formed steps
+            res["react_finished"] = sum(t != "" for t in texts) / n
+    res["eval_seconds"] = round(time.time() - t0, 1)
+    print(
+        f"{name}: "
+        + ", ".join(f"{f} {res[f]:.3f}" for f in (*EVAL, "tool_name", "tool_args"))
+        + f" ({res['eval_seconds']} s)"
+    )
+    return res
+
+
+def _in_processes(job, jobs: int) -> dict:
+    """`job(name)` for every model, in `jobs` processes at once (1: here, one after the other).
+    Each process uses THREADS threads, so the weights are the same either way."""
+    if jobs <= 1:
+        return {name: job(name) for name in MEMBERS}
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(
+        min(jobs, len(MEMBERS)), initializer=torch.set_num_threads, initargs=(THREADS,)
+    ) as pool:
+        return dict(zip(MEMBERS, pool.map(job, MEMBERS), strict=True))
+
+
+HEADER = (
+    "| model | arch | tokenizer | parameters | steps | train s | cot | rag | react (finished) "
+    "| tool (tool / args / answer) | size |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def write_report(trained: dict, results: dict, build_seconds: float | None) -> None:
@@ -102,7 +133,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
         "models": {
             m: {
                 **trained.get(m, {}),
-                **{k: v for k, v in results[m].items() if k != "cot_right"},
+                **{k: v for k, v in results[m].items() if k not in PER_PROBLEM},
                 "model_type": MEMBERS[m].model_type,
                 "tokenizer": MEMBERS[m].tokenizer,
                 "bytes": sizes[m],
@@ -113,7 +144,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
         "cot_any_right": either,
         "cot_all_right": all_right,
         "cot_pair_any_right": pairs,
-        "order_best_first": order,
+        "cot_ranking": order,
         "build_seconds": None if build_seconds is None else round(build_seconds),
         "total_bytes": sum(sizes.values()),
         "environment": {
@@ -122,7 +153,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
             "threads": THREADS,
             "machine": platform.machine(),
         },  # fmt: skip
-        "cot_right": {m: results[m]["cot_right"] for m in names},
+        **{key: {m: results[m][key] for m in names} for key in PER_PROBLEM},
     }
     (MODELS_DIR / "report.json").write_text(json.dumps(report, indent=1) + "\n")
 
@@ -133,6 +164,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
             f"| {m} | {r['model_type']} | {r['tokenizer']} | {r.get('parameters', '?'):,} | "
             f"{r.get('steps', '?')} | {r.get('train_seconds', '?')} | {r['cot']:.1%} | "
             f"{r['rag']:.1%} | {r['react']:.1%} ({r['react_finished']:.0%}) | "
+            f"{r['tool_name']:.0%} / {r['tool_args']:.0%} / {r['tool']:.0%} | "
             f"{r['bytes'] / 1e6:.1f} MB |"
         )
     pair_lines = "\n".join(f"- {k}: {v:.1%}" for k, v in pairs.items())
@@ -141,15 +173,18 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
 Written by `python -m core.testbed.build`. Greedy `model.generate`, one problem at a time, on
 held-out problems (`make_problems(n, seed=1, form=..., split="test")`): {EVAL["cot"]} cot,
 {EVAL["rag"]} rag, {EVAL["react"]} react (the ReAct loop played with `calculator`, right if the
-final answer is). CPU, {THREADS} threads; times are wall clock, and grow when the machine is shared.
+final answer is), {EVAL["tool"]} tool (one turn played with the offered tools: the right decision
+and tool, no call where none is needed / also the right arguments / the right final answer after
+the tool's result, JSON where the problem asks for it). CPU, {THREADS} thread per model, the
+models in parallel processes; times are wall clock, and grow when the machine is shared.
 
-| model | arch | tokenizer | parameters | steps | train s | cot | rag | react (finished) | size |
-|---|---|---|---|---|---|---|---|---|---|
+{HEADER}
 {chr(10).join(rows)}
 
 - cot, at least one model right: **{either:.1%}**; all three right: {all_right:.1%}
 {pair_lines}
-- order (best cot first, as `model_paths()` returns them): {", ".join(order)}
+- ranking by cot accuracy: {", ".join(order)}; `model_paths()` order: {", ".join(MODEL_ORDER)}
+  (the first is the methods' default drafter)
 - total size: {report["total_bytes"] / 1e6:.1f} MB; build time: {report["build_seconds"]} s
 """
     (MODELS_DIR / "REPORT.md").write_text(md)
@@ -161,13 +196,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--only", choices=["tokenizers", "eval"], default=None)
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=len(MEMBERS),
+        help="models trained and evaluated at once, each in its own process",
+    )
     args = ap.parse_args()
     torch.set_num_threads(THREADS)
     t0 = time.time()
-    trained = {}
-    if args.only == "eval":
+    trained, build_seconds = {}, None
+    if args.only == "eval":  # the report keeps describing the build that made the models
         old = MODELS_DIR / "report.json"
         if old.exists():
+            build_seconds = json.loads(old.read_text()).get("build_seconds")
             trained = {
                 m: {
                     k: v
@@ -180,9 +222,11 @@ def main() -> None:
         build_tokenizers()
         if args.only == "tokenizers":
             return
-        trained = {name: build_model(name) for name in MEMBERS}
-    results = evaluate_all()
-    write_report(trained, results, None if args.only == "eval" else time.time() - t0)
+        trained = _in_processes(build_model, args.jobs)
+    results = _in_processes(evaluate_model, args.jobs)
+    if args.only != "eval":
+        build_seconds = time.time() - t0
+    write_report(trained, results, build_seconds)
 
 
 if __name__ == "__main__":

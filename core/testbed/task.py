@@ -1,27 +1,35 @@
 """A synthetic two-step arithmetic word-problem task with a checkable answer.
 
-One seeded generator, three renderings of the same problems:
+One seeded generator, four renderings of the same problems:
 
 - ``cot``: the user asks the question, the assistant reasons step by step.
 - ``rag``: the start fact is a retrieval passage, the question a separate query, and the messages
   are exactly what a LlamaIndex query engine sends a chat LLM by default (llama-index-core 0.14).
 - ``react``: a ReAct trace with a ``calculator`` tool, in the message lists a LlamaIndex
   ``ReActAgent`` produces when configured with ``REACT_SYSTEM_HEADER``.
+- ``tool``: native tool use. Two to four tools of ``tool_set`` are offered (``Problem.tools``,
+  rendered by ``core.chat.render_prompt`` as at inference); the assistant answers with one call
+  in the canonical syntax of ``core.tools``, then, given the result, with the final answer (as
+  JSON when ``Problem.response_format`` asks for it). A share of questions needs none of the
+  offered tools and is answered directly, step by step as in ``cot``.
 
-The held-out split is decided by a hash of the numbers and operations, so no evaluation problem's
-number combination ever occurs in training.
+The held-out split is decided by a hash of the numbers and operations (and of the item, for the
+tool form's look-ups), so no evaluation problem's number combination ever occurs in training.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import operator
+import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-FORMS = ("cot", "rag", "react")
+from ..tools import format_tool_call
+from .tool_set import TOOL_SPECS, calculator, call_tool
+
+FORMS = ("cot", "rag", "react", "tool")
 SPLITS = ("train", "test")
 TEST_FRACTION_PERCENT = 20  # share of number combinations held out for evaluation
 
@@ -119,25 +127,34 @@ def react_system_message() -> str:
     return REACT_SYSTEM_HEADER.format(tool_desc=CALCULATOR_TOOL_DESC, tool_names=CALCULATOR_NAME)
 
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+# --------------------------------------------------------------------------- tool use
+# Which question a tool problem asks, and how often. The one-step questions and the look-ups
+# have their own numbers (and items), held out by the same hash rule as the two-step problems.
+
+TOOL_KINDS = {  # kind -> (the tool it needs, or None: answered directly; share)
+    "add": ("add", 0.14),
+    "subtract": ("subtract", 0.14),
+    "multiply": ("multiply", 0.14),
+    "calculator": ("calculator", 0.16),
+    "price": ("get_price", 0.1),
+    "stock": ("get_stock", 0.1),
+    "direct": (None, 0.22),
+}
+DIRECT_TOOLS = ("multiply", "get_price", "get_stock")  # offered when no tool fits the question
+CONTAINERS = ("bags", "boxes", "baskets", "jars")
+LOOKUP_ITEMS = tuple(o for o in FOODS + THINGS if o != "coins")
+RESPONSE_FORMAT_RATE = 0.3  # share of tool calls whose final answer must be JSON
+ANSWER_KEYS = ("answer", "result", "total", "value", "count")
+TOOL_CALL_ID = "call_1"  # the id the training traces give their one call
 
 
-def calculator(expression: str) -> str:
-    """Evaluate integer +, - and * (no eval()); the observation text is the plain result."""
-
-    def ev(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        raise ValueError(f"unsupported expression: {expression!r}")
-
-    try:
-        return str(ev(ast.parse(expression.strip(), mode="eval").body))
-    except (SyntaxError, ValueError) as e:
-        return f"Error: {e}"
+def answer_schema(key: str) -> dict[str, Any]:
+    """The response_format of a tool problem: one required integer."""
+    return {
+        "type": "object",
+        "properties": {key: {"type": "integer"}},
+        "required": [key],
+    }
 
 
 # --------------------------------------------------------------------------- problems
@@ -159,12 +176,20 @@ class Problem:
     steps: tuple[tuple[str, int], ...]  # (("+", 5), ("-", 3))
     passages: tuple[str, ...] = ()  # rag: the relevant passage first, then distractors
     relevant_passage: str = ""
+    # tool: the offered tools (OpenAI specs), the JSON schema the final answer follows (or
+    # None), and the one right call (name, arguments), None when no tool is needed
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    response_format: dict[str, Any] | None = None
+    expected_call: tuple[str, dict[str, Any]] | None = None
+
+
+def _held_out(key: str) -> bool:
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < TEST_FRACTION_PERCENT
 
 
 def is_test_combo(start: int, steps: tuple[tuple[str, int], ...]) -> bool:
     """Held-out membership from the numbers and operations only (stable across Python runs)."""
-    key = f"{start}" + "".join(f"{op}{n}" for op, n in steps)
-    return int(hashlib.sha256(key.encode()).hexdigest(), 16) % 100 < TEST_FRACTION_PERCENT
+    return _held_out(f"{start}" + "".join(f"{op}{n}" for op, n in steps))
 
 
 def _values(start: int, steps: tuple[tuple[str, int], ...]) -> list[int]:
@@ -272,17 +297,18 @@ def _make_one(
     how_many = f"How many {obj} does {name} {ending}?"
     answer = _values(start, steps)[-1]
     base = dict(name=name, obj=obj, start=start, steps=steps, answer=answer)
+    two_steps = f"{name} has {start} {obj}. {pron.capitalize()} {v1}. Then {pron} {v2}. {how_many}"
 
     if form == "cot":
-        question = (
-            f"{name} has {start} {obj}. {pron.capitalize()} {v1}. Then {pron} {v2}. {how_many}"
-        )
-        messages = [{"role": "user", "content": question}]
+        messages = [{"role": "user", "content": two_steps}]
         if split == "train" and form_rng.random() < SYSTEM_PROMPT_RATE:
             messages.insert(0, {"role": "system", "content": form_rng.choice(TRAIN_SYSTEM_PROMPTS)})
         return Problem(
-            form, messages, question, solution=_cot_solution(name, obj, start, steps), **base
+            form, messages, two_steps, solution=_cot_solution(name, obj, start, steps), **base
         )
+
+    if form == "tool":
+        return _tool_problem(form_rng, split, p_add, two_steps, base)
 
     if form == "rag":
         relevant = f"{name} has {start} {obj}."
@@ -311,12 +337,146 @@ def _make_one(
             **base,
         )
 
-    question = f"{name} has {start} {obj}. {pron.capitalize()} {v1}. Then {pron} {v2}. {how_many}"
     messages = [
         {"role": "system", "content": react_system_message()},
-        {"role": "user", "content": question},
+        {"role": "user", "content": two_steps},
     ]
-    return Problem(form, messages, question, solution=_react_turns(name, obj, start, steps), **base)
+    return Problem(
+        form, messages, two_steps, solution=_react_turns(name, obj, start, steps), **base
+    )
+
+
+def _one_step(rng: random.Random, split: str, op: str) -> tuple[int, int]:
+    """Numbers of a one-step question (a op b), in the split, never below zero."""
+    low = 2 if op == "*" else 1
+    while True:
+        a, b = rng.randint(low, 9), rng.randint(low, 9)
+        if (op != "-" or a >= b) and is_test_combo(a, ((op, b),)) == (split == "test"):
+            return a, b
+
+
+def _tool_problem(
+    rng: random.Random, split: str, p_add: float, two_steps: str, base: dict[str, Any]
+) -> Problem:
+    """One `tool` problem: the base problem's person and object, a question of a drawn kind, the
+    tools offered (the needed one among them), and the targets."""
+    name, obj = base["name"], base["obj"]
+    pron = NAMES[name].capitalize()
+    kinds = dict(TOOL_KINDS)
+    add_share = kinds["add"][1] + kinds["subtract"][1]  # split by the mix's share of additions
+    kinds["add"], kinds["subtract"] = (
+        ("add", add_share * p_add),
+        ("subtract", add_share - add_share * p_add),
+    )
+    kind = rng.choices(list(kinds), weights=[w for _, w in kinds.values()])[0]
+    tool, ending = kinds[kind][0], rng.choice(QUESTION_ENDINGS)
+    fields: dict[str, Any] = dict(base)
+    if kind in ("add", "subtract"):
+        op = "+" if kind == "add" else "-"
+        a, b = _one_step(rng, split, op)
+        phrase = _phrase(_verb(rng, op, obj), op, b)
+        question = f"{name} has {a} {obj}. {pron} {phrase}. How many {obj} does {name} {ending}?"
+        arguments: dict[str, Any] = {"a": a, "b": b}
+        fields.update(start=a, steps=((op, b),), answer=a + b if op == "+" else a - b)
+    elif kind == "multiply":
+        a, b = _one_step(rng, split, "*")
+        container = rng.choice(CONTAINERS)
+        question = (
+            f"{name} has {a} {container} with {b} {obj} in each. "
+            f"How many {obj} does {name} have in all?"
+        )
+        arguments = {"a": a, "b": b}
+        fields.update(start=a, steps=(("*", b),), answer=a * b)
+    elif kind in ("price", "stock"):
+        item = rng.choice(
+            [i for i in LOOKUP_ITEMS if _held_out(f"lookup/{i}") == (split == "test")]
+        )
+        if kind == "price":
+            question = rng.choice(
+                (
+                    f"What is the price of {item} at the shop, in coins?",
+                    f"{name} wants to buy {item}. How many coins do {item} cost at the shop?",
+                )
+            )
+        else:
+            question = rng.choice(
+                (
+                    f"How many {item} does the shop have in stock?",
+                    f"{name} asks the shop about {item}. How many {item} does the shop have?",
+                )
+            )
+        arguments = {"item": item}
+        fields.update(obj=item, start=0, steps=())
+    else:  # calculator, direct: the two-step question of the other forms
+        question = two_steps
+        start, ((op1, b), (op2, c)) = base["start"], base["steps"]
+        arguments = {"expression": f"{start} {op1} {b} {op2} {c}"}
+
+    if tool is None:
+        offered = rng.sample(DIRECT_TOOLS, rng.randint(2, len(DIRECT_TOOLS)))
+        expected_call, response_format = None, None
+        solution = _cot_solution(name, obj, base["start"], base["steps"])
+    else:
+        others = [t for t in TOOL_SPECS if t != tool]
+        offered = [tool, *rng.sample(others, rng.randint(1, 3))]
+        rng.shuffle(offered)
+        expected_call = (tool, arguments)
+        fields["answer"] = int(call_tool(tool, arguments))
+        response_format = None
+        solution = f"The answer is {fields['answer']}."
+        if rng.random() < RESPONSE_FORMAT_RATE:
+            key = rng.choice(ANSWER_KEYS)
+            response_format = answer_schema(key)
+            solution = json.dumps({key: fields["answer"]})
+    messages = [{"role": "user", "content": question}]
+    if split == "train" and rng.random() < SYSTEM_PROMPT_RATE:
+        messages.insert(0, {"role": "system", "content": rng.choice(TRAIN_SYSTEM_PROMPTS)})
+    return Problem(
+        "tool",
+        messages,
+        question,
+        solution=solution,
+        tools=[TOOL_SPECS[t] for t in offered],
+        response_format=response_format,
+        expected_call=expected_call,
+        **fields,
+    )
+
+
+def tool_followup(
+    call_id: str, name: str, arguments: dict[str, Any], result: str
+) -> list[dict[str, Any]]:
+    """The messages that follow a call: the assistant's call (OpenAI style) and its result."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": result, "tool_call_id": call_id, "name": name},
+    ]
+
+
+def tool_steps(problem: Problem) -> list[tuple[list[dict[str, Any]], str]]:
+    """(messages, target) for each assistant turn of a `tool` problem: the canonical call, then
+    the final answer after the tool's result; a direct problem has one turn. Render each with
+    `problem.tools` and `problem.response_format`."""
+    assert problem.form == "tool"
+    if problem.expected_call is None:
+        return [(list(problem.messages), problem.solution)]
+    name, arguments = problem.expected_call
+    followup = tool_followup(TOOL_CALL_ID, name, arguments, call_tool(name, arguments))
+    return [
+        (list(problem.messages), format_tool_call(name, arguments)),
+        ([*problem.messages, *followup], problem.solution),
+    ]
+
+
+def check_tool_call(name: str, arguments: dict[str, Any] | str, problem: Problem) -> bool:
+    """Whether a call is the one the problem needs: same tool, same arguments (JSON values)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return False
+    return problem.expected_call is not None and (name, arguments) == problem.expected_call
 
 
 def make_problems(
@@ -350,6 +510,13 @@ def extract_answer(text: str) -> int | None:
 
 
 def check_answer(text: str, problem: Problem) -> bool:
+    """Right final answer; where the problem asks for JSON, exactly the schema's one key."""
+    if problem.response_format is not None:
+        (key,) = problem.response_format["required"]
+        try:
+            return json.loads(text) == {key: problem.answer}
+        except ValueError:
+            return False
     return extract_answer(text) == problem.answer
 
 

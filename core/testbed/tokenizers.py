@@ -75,13 +75,13 @@ GEMMA_TEMPLATE = (  # as Gemma's: no system role, strict alternation, contents t
 # name -> vocab size, special tokens (bos, eos, pad, unk, extra), template, family-specific eos
 SPECS = {
     "bpe": dict(
-        vocab_size=820,  # small numbers and common words whole, rarer ones split
+        vocab_size=900,  # small numbers and common words whole, rarer ones split
         bos="<|endoftext|>", eos="<|end|>", pad="<|pad|>", unk=None,
         extra=["<|system|>", "<|user|>", "<|assistant|>"],
         template=PHI3_TEMPLATE,
     ),
     "spm": dict(
-        vocab_size=1000,  # 256 of them byte tokens; punctuation sticks to words
+        vocab_size=1120,  # 256 of them byte tokens; punctuation sticks to words
         bos="<s>", eos="<|im_end|>", pad="<pad>", unk="<unk>",
         extra=["<|im_start|>", "</s>"],
         template=CHATML_TEMPLATE,
