@@ -139,6 +139,8 @@ def play(ensemble: Ensemble, problem: Any, config: GenerationConfig, task: ToolT
     return {
         "calls": len(written),
         "valid_calls": sum(schema_valid(c, problem.tools) for c in written),
+        # a call the token limit cut (the grammar keeps calls valid only where they close)
+        "cut_calls": len(first.invalid_tool_calls) if first.finish_reason == "length" else 0,
         "call": None if call is None else {"name": call.name, "arguments": call.arguments},
         "invalid": [c.to_dict() for c in first.invalid_tool_calls],
         "tool_right": tool_right,
@@ -162,6 +164,7 @@ def summarise(setups: Sequence[Setup], records: dict[tuple[str, str], list[dict]
                 "right_arguments": sum(r["args_right"] for r in rs) / n,
                 "right_answer": sum(r["answer_right"] for r in rs) / n,
                 "calls": calls,
+                "cut_calls": sum(r["cut_calls"] for r in rs),
                 "schema_valid": sum(r["valid_calls"] for r in rs) / calls if calls else None,
             }
         rows.append(row)
@@ -177,7 +180,8 @@ def markdown(result: dict) -> str:
         f"{result['needs_call']} need one call, the others none), greedy, max_new_tokens="
         f"{result['max_new_tokens']}; load average {result['load_before'][0]:.2f} before, "
         f'{result["load_after"][0]:.2f} after. Grammar: tool_choice="{result["tool_choice"]}"; '
-        "prompt only: the same prompt, no grammar, calls parsed from the text.",
+        "prompt only: the same prompt, no grammar, calls parsed from the text. A call cut off "
+        "by the token limit counts as not schema-valid.",
         "",
         "| configuration | right tool | right arguments | right answer | schema-valid calls "
         "| prompt only: right tool | right arguments | right answer | schema-valid calls |",
@@ -191,7 +195,8 @@ def markdown(result: dict) -> str:
         cells = [r["label"]]
         for condition in CONDITIONS:
             c = r[condition]
-            valid = f"{pct(c['schema_valid'])} of {c['calls']}"
+            cut = f", {c['cut_calls']} cut off" if c["cut_calls"] else ""
+            valid = f"{pct(c['schema_valid'])} of {c['calls']}{cut}"
             cells += [pct(c["right_tool"]), pct(c["right_arguments"]), pct(c["right_answer"]),
                       valid]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -120,10 +120,15 @@ def _stand_in(n: int) -> bench_tools.ToolTask:
             {"role": "tool", "content": result, "tool_call_id": call_id, "name": name},
         ]
 
+    def add(name, arguments):  # as a tool loop runs it: a wrong call gets an error back
+        if name != "add" or set(arguments) != {"a", "b"}:
+            return f"Error: no tool {name!r} taking {sorted(arguments)}"
+        return str(arguments["a"] + arguments["b"])
+
     return bench_tools.ToolTask(
         "stand-in",
         problems,
-        lambda name, arguments: str(arguments["a"] + arguments["b"]),
+        add,
         followup,
         lambda name, arguments, problem: (name, arguments) == problem.expected_call,
         check_answer,
@@ -157,6 +162,29 @@ def test_tool_benchmark_plays_the_tool_loop(shipped_members, tmp_path):
         assert free["schema_valid"] is None or 0.0 <= free["schema_valid"] <= 1.0
     table = (tmp_path / "tool" / "results.md").read_text()
     assert "| safe |" in table and "prompt only" in table
+
+
+def test_tool_benchmark_on_the_testbed_tool_form(tmp_path):
+    out = tmp_path / "tool"
+    args = ["bench", "--form", "tool", "--methods", "single,safe", "--n", "4"]
+    args += ["--max-new-tokens", "64", "--threads", "1", "--out", str(out)]
+    assert main(args) == 0
+    data = _results(out)
+    problems = make_problems(4, seed=1, form="tool")
+    assert data["problems"] == 4
+    assert data["needs_call"] == sum(p.expected_call is not None for p in problems)
+    assert [r["label"] for r in data["rows"]] == [
+        "single tb-gpt2-bpe", "single tb-qwen2-spm", "single tb-llama-word", "safe"
+    ]  # fmt: skip
+    for key, records in data["per_problem"].items():
+        for record, problem in zip(records, problems, strict=True):
+            assert record["answer_right"] == check_answer(record["final"], problem)
+            assert not record["args_right"] or record["tool_right"]
+            if problem.expected_call is None:
+                assert record["tool_right"] == (record["calls"] == 0)
+            if key.endswith("/ grammar"):  # every call the grammar let close is schema-valid
+                assert record["valid_calls"] == record["calls"] - record["cut_calls"]
+    assert "| safe |" in (out / "results.md").read_text()
 
 
 def test_bad_arguments_of_the_new_modes_are_clear_errors(tmp_path, capsys):
