@@ -19,6 +19,7 @@ must name the member that failed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import random
@@ -309,14 +310,18 @@ class Soak:
                 done = await asyncio.gather(*jobs)
                 wall = time.perf_counter() - start
                 outcomes.extend(done)
+                rss = rss_kib() / 1024
+                gc.collect()  # between windows: live objects, not garbage awaiting a collection
                 whole = [o.seconds for o in done if o.seconds is not None]
                 windows.append(
                     {
                         "window": number,
                         "requests_done": at + len(part),
                         "wall_s": wall,
-                        "rss_mib": rss_kib() / 1024,
+                        "rss_mib": rss,
                         "threads": threading.active_count(),
+                        # live objects (the soak's own records of requests add a few each)
+                        "python_objects": len(gc.get_objects()),
                         "p50_ms": 1000 * statistics.median(whole) if whole else None,
                         "p95_ms": 1000 * _p95(whole) if whole else None,
                         "statuses": _count(o.status for o in done),
@@ -415,15 +420,16 @@ def markdown(result: dict) -> str:
         f"**{result['mismatches']} mismatches**; request slots held at the end: "
         f"{result['held_slots']}.",
         "",
-        "| requests | RSS MiB | threads | p50 ms | p95 ms | wall s | outcomes |",
-        "|---|---|---|---|---|---|---|",
+        "| requests | RSS MiB | Python objects | threads | p50 ms | p95 ms | wall s | outcomes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for w in result["windows"]:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(w["statuses"].items()))
         p50 = "–" if w["p50_ms"] is None else f"{w['p50_ms']:.0f}"
         p95 = "–" if w["p95_ms"] is None else f"{w['p95_ms']:.0f}"
         lines.append(
-            f"| {w['requests_done']} | {w['rss_mib']:.1f} | {w['threads']} | {p50} | {p95} | "
+            f"| {w['requests_done']} | {w['rss_mib']:.1f} | {w['python_objects']} | "
+            f"{w['threads']} | {p50} | {p95} | "
             f"{w['wall_s']:.1f} | {outcomes} |"
         )
     bad = [o for o in result["outcomes"] if o["verdict"] != "ok"]
