@@ -1,4 +1,4 @@
-"""`llm-ensembling demo | generate | bench`."""
+"""`llm-ensembling demo | generate | bench | soak`."""
 
 from __future__ import annotations
 
