@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The runs behind the README's tables, each ONE `llm-ensembling bench` run (configurations
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
-#   bench/readme_tables.sh [main|safe|kv|remote|departures|all]   (CPU; ~2 h for all on 2 cores)
+# concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
+# constrained decoding and tool use (one run each too).
+#   bench/readme_tables.sh [main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]
+#   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCH=${BENCH:-.venv/bin/llm-ensembling bench}
+CLI=${CLI:-.venv/bin/llm-ensembling}
+BENCH=${BENCH:-$CLI bench}
 OUT=${OUT:-bench/results}
 MODELS=core/testbed/models
 
@@ -118,12 +122,38 @@ departures3() {  # docs/departures.md: the token baselines and SpecEM's choices,
     --config "specem no feedback=specem:feedback=false"
 }
 
+concurrency() {  # every method (default options) at 1-16 concurrent requests, against the same
+  # requests one at a time; levels interleaved chunk by chunk
+  $BENCH --concurrency 1,2,4,8,16 --n 160 --threads 1 --max-new-tokens 128 \
+    --methods single,token,safe,specem --out "$OUT/concurrency"
+}
+
+soak() {  # 1,000 requests: methods, threads and asyncio tasks, abandoned and cancelled streams,
+  # injected member failures under both policies; every answer checked against a fresh ensemble
+  $CLI soak --requests 1000 --threads 1 --out "$OUT/soak"
+}
+
+grammar() {  # time per output token with a grammar that allows any text, against none
+  $BENCH --grammar-cost --n 100 --threads 1 --max-new-tokens 128 \
+    --methods single,token,safe,specem --out "$OUT/grammar"
+}
+
+tool() {  # tool use: each single model and method, with the grammar and with the prompt only
+  $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 \
+    --methods single,token,safe,specem --out "$OUT/tool"
+}
+
 case "${1:-all}" in
   main) main ;;
   safe) safe ;;
   kv) kv ;;
   remote) remote ;;
   departures) departures2; departures3 ;;
-  all) main; safe; kv; remote; departures2; departures3 ;;
-  *) echo "usage: $0 [main|safe|kv|remote|departures|all]" >&2; exit 2 ;;
+  concurrency) concurrency ;;
+  soak) soak ;;
+  grammar) grammar ;;
+  tool) tool ;;
+  all) main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool ;;
+  *) echo "usage: $0 [main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]" >&2
+     exit 2 ;;
 esac

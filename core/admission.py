@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
@@ -62,11 +63,13 @@ class Admission:
 
     @contextlib.contextmanager
     def running_here(self) -> Iterator[None]:
-        """Mark this thread as running one of our requests (for the nested-request rule)."""
+        """Mark this thread as running one of our requests (for the nested-request rule, and
+        for the batchers, which wait for passes of threads that are computing)."""
         outer = getattr(self._inside, "depth", 0)
         self._inside.depth = outer + 1
         try:
-            yield
+            with request_threads.running():
+                yield
         finally:
             self._inside.depth = outer
 
@@ -87,19 +90,24 @@ class Admission:
             self._waiting += 1
             deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
             try:
-                while self._running >= self.max_concurrency:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise EnsembleBusyError(
-                            f"no request slot freed within queue_timeout={self.queue_timeout:g} "
-                            f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
-                            "queue_timeout / max_concurrency when building the Ensemble."
-                        )
-                    self._changed.wait(left)
+                with request_threads.parked():  # waiting for a slot: no pass will come from it
+                    self._wait_for_slot(deadline)
                 self._running += 1
                 self._follow_load()
             finally:
                 self._waiting -= 1
+
+    def _wait_for_slot(self, deadline: float | None) -> None:
+        """Under the lock, until a slot is free (or the queue timeout has passed)."""
+        while self._running >= self.max_concurrency:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise EnsembleBusyError(
+                    f"no request slot freed within queue_timeout={self.queue_timeout:g} "
+                    f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
+                    "queue_timeout / max_concurrency when building the Ensemble."
+                )
+            self._changed.wait(left)
 
 
 class _SwitchInterval:

@@ -10,24 +10,137 @@ that lets every row see only its own past (and, for verify-in-line scoring, only
 may see), position ids per row.
 
 No thread is added: the first request thread to arrive runs the batch ("leads"), later arrivals
-wait; when the leader's own pass is done it hands the lead to a waiting thread. A lone request
-therefore runs its pass exactly as before, in its own thread, with no padding.
+wait; when the leader's own pass is done it hands the lead to a waiting thread. Before it runs,
+the leader waits for the request threads that are still computing their next pass in Python
+(`RequestThreads`: the admission marks a thread that runs a request; a thread in a batcher, or
+waiting for a slot, is parked), for a bounded time: twice the longer of a mean pass and a mean
+stretch of a request's Python between two passes. A batch that waited for them costs little
+more than a lone pass, a batch that left them out costs them a whole pass; and while the leader
+waits, the interpreter runs their Python, which one interpreter lock would serialise anyway. A
+lone request has nobody to wait for, and runs its pass at once, in its own thread, no padding.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, values [1, H, T, D]
 
 _MAX_ROWS = 32  # rows per batched pass
 _SIMILAR = 8  # passes batch together when their new-token counts are within 2x (or <= this)
-_GATHER_SECONDS = 0.0005  # the most a leader waits for passes still arriving
+# A leader waits for computing threads at most _PATIENCE times the longer of a mean pass of its
+# model and a mean stretch of Python between two passes of a request, within these bounds:
+_PATIENCE = 2.0
+_PATIENCE_FLOOR = 0.0005  # seconds (before anything was timed)
+_PATIENCE_CAP = 0.05  # seconds (a thread busy elsewhere, e.g. with a remote member, is not waited
+# for longer than this)
+
+
+class RequestThreads:
+    """How many request threads are computing right now, outside every batcher: the passes a
+    leader may still expect. Threads that never said they run a request (a lane's worker, a
+    direct `Member` call) are not counted, and never waited for."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.computing = 0
+        self.gap_seconds = 0.0  # running mean of a request's Python between two waits
+        self._gaps = 0
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """This thread computes a request (the admission wraps each step of a request stream)."""
+        local = self._local
+        outer = getattr(local, "depth", 0)
+        counted = False
+        try:
+            local.depth = outer + 1
+            local.since = time.perf_counter()
+            if outer == 0:
+                self._add(1)
+                counted = True
+            yield
+        finally:
+            local.depth = outer
+            if counted:
+                self._add(-1)
+
+    def park(self) -> Park:
+        """This thread waits (for a pass, or for a request slot): nobody should wait for it
+        until its `Park` is released."""
+        local = self._local
+        if getattr(local, "depth", 0) == 0 or getattr(local, "parked", False):
+            return Park(self, False)  # not a request thread, or already parked
+        local.parked = True
+        self._add(-1, time.perf_counter() - local.since)
+        return Park(self, True)
+
+    def unpark(self, park: Park) -> None:
+        """The parked thread goes on computing (its park released, if nobody did yet)."""
+        if park.counted:
+            park.release()
+            self._local.parked = False
+            self._local.since = time.perf_counter()
+
+    @contextlib.contextmanager
+    def parked(self) -> Iterator[None]:
+        park = self.park()
+        try:
+            yield
+        finally:
+            self.unpark(park)
+
+    def _add(self, delta: int, gap: float | None = None) -> None:
+        with self.changed:
+            self._change(delta, gap)
+
+    def _change(self, delta: int, gap: float | None = None) -> None:
+        """(Under `changed`.)"""
+        self.computing += delta
+        if gap is not None:
+            self._gaps += 1
+            self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
+        self.changed.notify_all()
+
+    def wait_for_passes(self, patience: float) -> None:
+        """Until no request thread computes outside a batcher, for at most `patience` seconds."""
+        deadline = time.perf_counter() + patience
+        with self.changed:
+            while self.computing > 0:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return
+                self.changed.wait(left)
+
+
+class Park:
+    """One wait of a request thread. Released once, by whoever comes first: the leader that
+    finished the thread's pass (so the next leader already counts the thread as computing, though
+    it has not woken yet) or the thread itself when it goes on."""
+
+    __slots__ = ("_threads", "counted", "_held")
+
+    def __init__(self, threads: RequestThreads, counted: bool) -> None:
+        self._threads = threads
+        self.counted = counted
+        self._held = counted
+
+    def release(self) -> None:
+        with self._threads.changed:
+            if self._held:
+                self._held = False
+                self._threads._change(1)
+
+
+request_threads = RequestThreads()
 
 
 @dataclass
@@ -78,8 +191,10 @@ class Batcher:
         self.dtype = next(model.parameters()).dtype
         self.batched = batched  # the attention kernel takes a custom 4-D mask
         self._lock = threading.Lock()
+        self._lane = _lane_for(self.device)
         self._queue: list[_Ticket] = []
         self._busy = False
+        self._pass_seconds = 0.0  # running mean duration of a forward pass
         self.batches = 0  # passes run (a batched pass counts once)
         self.rows = 0  # requests' passes served
 
@@ -90,7 +205,13 @@ class Batcher:
     # passes on a lead it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
-        ticket = _Ticket(job)
+        park = request_threads.park()
+        try:
+            return self._run_ticket(_Ticket(job, park))
+        finally:
+            request_threads.unpark(park)
+
+    def _run_ticket(self, ticket: _Ticket) -> Pass:
         try:
             with self._lock:
                 self._queue.append(ticket)
@@ -119,16 +240,22 @@ class Batcher:
             self._busy = False
 
     def _serve(self, own: _Ticket) -> None:
-        """Run batches until the leader's own pass is done (its pass is always in the first)."""
+        """Run batches until the leader's own pass is done (its pass is always in the first).
+
+        Passes on one device take turns (`_lane_for`): models on one CPU or one GPU gain
+        nothing from running at once, and on a CPU two concurrent passes fight for the one
+        interpreter lock at every tensor operation. Taking turns also lines requests up: while
+        one model's pass runs, the requests heading for another model gather in its queue."""
         while not own.finished:
-            self._gather()
             batch: list[_Ticket] = []
             try:
-                with self._lock:
-                    batch = self._pick(own)
-                    for ticket in batch:
-                        self._queue.remove(ticket)
-                self._execute(batch)
+                with self._lane:
+                    self._gather()
+                    with self._lock:
+                        batch = self._pick(own)
+                        for ticket in batch:
+                            self._queue.remove(ticket)
+                    self._execute(batch)
             except BaseException:  # an interrupt in the leader: the others' passes go back
                 with self._lock:
                     back = [t for t in batch if not (t.finished or t is own or t in self._queue)]
@@ -136,18 +263,12 @@ class Batcher:
                 raise
 
     def _gather(self) -> None:
-        """Let the other request threads run while more passes keep arriving (a few hundred
-        microseconds at most): a batch that waited for them costs little more than a lone pass,
-        a batch that left them out costs them a whole pass."""
-        if not self.batched:
-            return
-        deadline = time.perf_counter() + _GATHER_SECONDS
-        seen = len(self._queue)
-        while time.perf_counter() < deadline:
-            time.sleep(0)  # hand the interpreter to the other threads
-            if len(self._queue) == seen:
-                return
-            seen = len(self._queue)
+        """Wait while other request threads still compute their next pass (they may come here),
+        within the patience bounds."""
+        if self.batched:
+            longer = max(self._pass_seconds, request_threads.gap_seconds)
+            patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
+            request_threads.wait_for_passes(patience)
 
     def _pick(self, own: _Ticket) -> list[_Ticket]:
         """The leader's own pass first, then others of a similar size."""
@@ -185,6 +306,7 @@ class Batcher:
     # --- running passes ------------------------------------------------------------------------
 
     def _call(self, ids: torch.Tensor, cache, keep: list[int], **extra) -> torch.Tensor:
+        start = time.perf_counter()
         with torch.no_grad():
             out = self.model(
                 input_ids=ids.to(self.device),
@@ -193,8 +315,11 @@ class Batcher:
                 logits_to_keep=torch.tensor(keep, device=self.device),
                 **extra,
             )
+        logits = out.logits.float()
         self.batches += 1
-        return out.logits.float()
+        seconds = time.perf_counter() - start
+        self._pass_seconds += (seconds - self._pass_seconds) / min(self.batches, 16)
+        return logits
 
     def _run_one(self, job: Pass) -> None:
         cache, extra = _cache(job.past), {}
@@ -208,28 +333,17 @@ class Batcher:
         self.rows += 1
 
     def _run_many(self, jobs: Sequence[Pass]) -> None:
+        """One pass for many requests. Each row: its past right-padded to the longest, its new
+        tokens after the padding. Built with a few whole-batch tensor operations: on a small
+        model the per-row tensor calls of building the batch cost as much as the pass."""
         rows, longest = len(jobs), max(j.past_len for j in jobs)
         width = max(len(j.ids) for j in jobs)
-        ids = torch.zeros(rows, width, dtype=torch.long)
-        positions = torch.zeros(rows, width, dtype=torch.long)
-        allowed = torch.zeros(rows, 1, width, longest + width, dtype=torch.bool)
-        for b, job in enumerate(jobs):
-            n, past = len(job.ids), job.past_len
-            ids[b, :n] = torch.tensor(job.ids)
-            own = job.positions or list(range(past, past + n))
-            positions[b, :n] = torch.tensor(own)
-            positions[b, n:] = own[-1]
-            mask = job.allowed
-            if mask is None:
-                mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)
-            allowed[b, 0, :n, :past] = mask[:, :past]
-            allowed[b, 0, :n, longest : longest + n] = mask[:, past:]
-            pad = torch.arange(n, width)
-            allowed[b, 0, pad, longest + pad] = True  # padding rows see themselves only
-        layers = self._padded_past(jobs, longest)
+        ids = torch.tensor([j.ids + [0] * (width - len(j.ids)) for j in jobs])
+        positions = torch.tensor([_positions(j, width) for j in jobs])
+        allowed = _batch_mask(jobs, longest, width)
         keep = sorted({k for job in jobs for k in job.keep})
         at = {k: i for i, k in enumerate(keep)}
-        cache = _cache(layers)
+        cache = _cache(self._padded_past(jobs, longest))
         logits = self._call(
             ids,
             cache,
@@ -237,21 +351,22 @@ class Batcher:
             attention_mask=_additive(allowed, self.dtype).to(self.device),
             position_ids=positions.to(self.device),
         )
+        soft = None if all(j.raw for j in jobs) else torch.log_softmax(logits, dim=-1)
         for b, job in enumerate(jobs):
-            n = len(job.ids)
-            picked = logits[b, [at[k] for k in job.keep]]
-            job.rows = picked if job.raw else torch.log_softmax(picked, dim=-1)
-            present = []
-            for layer, old in zip(
-                cache.layers, job.past or [None] * len(cache.layers), strict=True
-            ):
-                new_keys = layer.keys[b : b + 1, :, longest : longest + n]
-                new_values = layer.values[b : b + 1, :, longest : longest + n]
-                if old is not None:
-                    new_keys = torch.cat([old[0], new_keys], dim=-2)
-                    new_values = torch.cat([old[1], new_values], dim=-2)
-                present.append((new_keys, new_values))
-            job.present = tuple(present)
+            job.rows = (logits if job.raw else soft)[b, [at[k] for k in job.keep]]
+            # the row's own positions: its past, then its new tokens (one copy per tensor)
+            end, device = longest + len(job.ids), self.device
+            span = torch.cat(
+                [
+                    torch.arange(job.past_len, device=device),
+                    torch.arange(longest, end, device=device),
+                ]
+            )
+            job.present = tuple(
+                (layer.keys[b].index_select(1, span)[None],
+                 layer.values[b].index_select(1, span)[None])
+                for layer in cache.layers
+            )  # fmt: skip
         self.rows += rows
 
     @staticmethod
@@ -261,16 +376,47 @@ class Batcher:
         template = next(j.past for j in jobs if j.past)
         layers = []
         for index, (keys, values) in enumerate(template):
-            shape_k = (len(jobs), keys.shape[1], longest, keys.shape[3])
-            shape_v = (len(jobs), values.shape[1], longest, values.shape[3])
-            pk = keys.new_zeros(shape_k)
-            pv = values.new_zeros(shape_v)
-            for b, job in enumerate(jobs):
-                if job.past_len:
-                    pk[b, :, : job.past_len] = job.past[index][0][0]
-                    pv[b, :, : job.past_len] = job.past[index][1][0]
-            layers.append((pk, pv))
+            padded = []
+            for tensor, at in ((keys, 0), (values, 1)):
+                empty = tensor.new_zeros((1, tensor.shape[1], longest, tensor.shape[3]))
+                padded.append(
+                    torch.cat(
+                        [
+                            empty
+                            if not job.past_len
+                            else F.pad(job.past[index][at], (0, 0, 0, longest - job.past_len))
+                            for job in jobs
+                        ]
+                    )
+                )
+            layers.append(tuple(padded))
         return tuple(layers)
+
+
+def _positions(job: Pass, width: int) -> list[int]:
+    """The row's position ids, its padding repeating the last one."""
+    own = job.positions or list(range(job.past_len, job.past_len + len(job.ids)))
+    return own + own[-1:] * (width - len(own))
+
+
+def _batch_mask(jobs: Sequence[Pass], longest: int, width: int) -> torch.Tensor:
+    """[rows, 1, width, longest + width]: which positions each row's new tokens may attend to.
+    Plain causal rows (most) are built for the whole batch at once: a row's past at columns
+    [0, past), its new tokens causally from column `longest`; padding tokens see themselves
+    only. Rows with their own mask (verify-in-line scoring) are written one by one."""
+    column = torch.arange(longest + width)
+    token = torch.arange(width)[:, None]
+    past = torch.tensor([j.past_len for j in jobs])[:, None, None]
+    real = token[None] < torch.tensor([len(j.ids) for j in jobs])[:, None, None]
+    causal = (column >= longest) & (column - longest <= token)  # [width, columns]
+    allowed = torch.where(real, (column < past) | causal, column - longest == token)
+    for b, job in enumerate(jobs):
+        n = len(job.ids)
+        if job.allowed is not None:
+            allowed[b, :n] = False
+            allowed[b, :n, : job.past_len] = job.allowed[:, : job.past_len]
+            allowed[b, :n, longest : longest + n] = job.allowed[:, job.past_len :]
+    return allowed[:, None]
 
 
 def _similar(n: int, m: int) -> bool:
@@ -280,8 +426,9 @@ def _similar(n: int, m: int) -> bool:
 class _Ticket:
     """One waiting pass: its result or error, and whether its thread must take the lead."""
 
-    def __init__(self, job: Pass) -> None:
+    def __init__(self, job: Pass, park: Park) -> None:
         self.job = job
+        self.park = park
         self.ready = threading.Event()
         self.lead = False
         self.finished = False
@@ -289,6 +436,7 @@ class _Ticket:
 
     def finish(self) -> None:
         self.finished = True
+        self.park.release()  # its thread computes again (as soon as it wakes)
         self.ready.set()
 
     def fail(self, error: BaseException) -> None:
@@ -302,6 +450,16 @@ class _Ticket:
 
 
 _registry_lock = threading.Lock()
+_lanes_lock = threading.Lock()
+_lanes: dict[str, threading.Lock] = {}
+
+
+def _lane_for(device: torch.device) -> threading.Lock:
+    """The one lock of a device's passes (a CUDA device without an index is the current one)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with _lanes_lock:
+        return _lanes.setdefault(str(device), threading.Lock())
 
 
 def batcher_for(model, batched: bool) -> Batcher:

@@ -164,6 +164,53 @@ def parse_setups(
     return setups
 
 
+def method_setups(
+    methods: Sequence[str], n_members: int, configs: Sequence[str] = (), names: Sequence[str] = ()
+) -> list[Setup]:
+    """One setup per method at its default options (`single` on the first member, labelled with
+    its name), plus `--config` setups: what the concurrency, soak, grammar and tool benchmarks
+    compare."""
+    setups = []
+    for method in methods:
+        method_class(method)  # unknown or unavailable methods fail here
+        label = f"single {names[0]}" if method == "single" and names else method
+        setups.append(Setup(label, method))
+    return setups + parse_setups((), (), n_members, configs, names)
+
+
+def shipped_model_paths() -> list[str]:
+    from .testbed import model_paths
+
+    return [str(p) for p in model_paths()]
+
+
+def load_members(
+    models: Sequence[str] | None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    shape: str | None = None,
+    ignore_stop: bool = False,
+) -> list[HFMember]:
+    """In-process members, loaded once (every configuration of a run shares their weights): the
+    given models, the shipped ones by default, or random weights of a `shape`. `ignore_stop`:
+    they never end their turn (fixed-length speed runs; random weights may stop at any time)."""
+    if shape is not None:
+        members = shape_members(shape, device, dtype)
+    else:
+        models = models or shipped_model_paths()
+        members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    if ignore_stop:
+        for member in members:
+            member.stop_ids = frozenset()
+    return members
+
+
+def ensemble_for(members: Sequence[Member], setup: Setup, **settings: Any) -> Ensemble:
+    """The setup's ensemble over the loaded members (`settings`: admission, failure policy)."""
+    chosen = [members[i] for i in setup.chosen(len(members))]
+    return Ensemble(chosen, setup.method, **settings, **setup.options)
+
+
 def _literal(value: str) -> Any:
     lowered = value.lower()
     if lowered in ("none", "null"):
@@ -460,27 +507,17 @@ def run(
     task_data = load_task(task, n, seed, form)  # bad input fails before any model loads
     if threads:
         torch.set_num_threads(threads)
-    if shape is not None:
-        members = shape_members(shape, device, dtype)
-    else:
-        if not models:
-            from .testbed import model_paths
-
-            models = [str(p) for p in model_paths()]
-        members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    if shape is None:
+        models = models or shipped_model_paths()
+    members = load_members(models, device, dtype, shape)
     names = [m.name for m in members]
     setups = setups_from(names)
     if remote:
         members, setups = _with_served(members, setups, list(remote), models, shape)
     if ignore_stop:  # speed runs of a fixed length: random weights may stop at any time
-        for member in members:
+        for member in members:  # (served copies included)
             member.stop_ids = frozenset()
-    ensembles = {
-        s.label: Ensemble(
-            [members[i] for i in (s.members or range(len(members)))], s.method, **s.options
-        )
-        for s in setups
-    }
+    ensembles = {s.label: ensemble_for(members, s) for s in setups}
     with_accuracy = shape is None
     out.mkdir(parents=True, exist_ok=True)
     config = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature)

@@ -1,0 +1,465 @@
+"""Benchmark: many requests at once on one loaded ensemble, against the same requests one at a
+time (`llm-ensembling bench --concurrency 1,2,4,8,16`).
+
+The problems are cut into chunks; every chunk runs at every concurrency level, for every
+configuration, levels and configurations in a rotating order, so machine noise hits them alike.
+A level of c runs the chunk's requests on c threads, each taking the next request when its own
+is done (no request waits for a slot: `max_concurrency` is the highest level). Level 1 is the
+same requests one at a time, and every ratio is to it, from the same run. Prefix reuse is off,
+so every level does the same work: what is measured is what concurrent requests gain from
+sharing forward passes.
+
+Besides throughput and latency, each level records why it is what it is: how many requests'
+passes the batcher of each model ran together (`Batcher.batches` and `.rows`), the share of the
+wall time spent inside the models' forward passes (the rest is Python around them, which threads
+cannot overlap: one interpreter lock), and the CPU cores the process used. And whether every
+request wrote exactly the text it wrote alone; where not, the first differing token and the
+drafter's log-prob gap between the two choices there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .bench import Setup, ensemble_for
+from .chat import normalize_messages
+from .config import GenerationConfig
+from .ensemble import Ensemble
+from .errors import InvalidConfigError
+from .member import HFMember, Member
+
+GOAL_LEVEL = 8  # the level the goals below are stated at
+GOAL_THROUGHPUT = 4.0  # tokens/s at GOAL_LEVEL, times one at a time
+GOAL_P50 = 2.5  # p50 latency at GOAL_LEVEL, times a lone request
+
+
+def parse_levels(text: str) -> list[int]:
+    """`--concurrency 1,2,4,8,16`: distinct positive levels, 1 among them (the reference)."""
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        levels = []
+    if not levels or levels[0] < 1 or 1 not in levels:
+        raise InvalidConfigError(
+            f"--concurrency {text!r}: give comma-separated request counts including 1 (the "
+            "one-at-a-time reference), e.g. --concurrency 1,2,4,8,16."
+        )
+    return levels
+
+
+class ForwardClock:
+    """Seconds spent inside each model's forward passes (hooks on the models). A model runs one
+    pass at a time (its batcher serialises them), so one start time per model suffices."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        self.seconds: dict[str, float] = {}
+        self._handles = []
+        self._started: dict[int, float] = {}
+        for member in members:
+            model = getattr(member, "model", None)
+            if model is None or member.name in self.seconds:
+                continue
+            self.seconds[member.name] = 0.0
+            self._handles.append(model.register_forward_pre_hook(self._start))
+            self._handles.append(model.register_forward_hook(self._stop(member.name)))
+
+    def _start(self, module, _args) -> None:
+        self._started[id(module)] = time.perf_counter()
+
+    def _stop(self, name: str):
+        def stop(module, _args, _output) -> None:
+            self.seconds[name] += time.perf_counter() - self._started.pop(id(module))
+
+        return stop
+
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class Block:
+    """One chunk of problems at one level for one configuration."""
+
+    label: str
+    level: int
+    chunk: int
+    wall: float
+    cpu: float  # process CPU seconds (all threads)
+    forward: float  # seconds inside the models' forward passes
+    tokens: int
+    batches: dict[str, int] = field(default_factory=dict)  # per model: passes run
+    rows: dict[str, int] = field(default_factory=dict)  # per model: requests' passes served
+
+
+@dataclass
+class Sample:
+    label: str
+    level: int
+    problem: int
+    seconds: float
+    tokens: int
+    text: str
+    finish_reason: str
+
+
+def _batchers(members: Sequence[Member]) -> dict[str, object]:
+    return {m.name: m._batcher for m in members if isinstance(m, HFMember)}
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_block(
+    ensemble: Ensemble,
+    items: Sequence[tuple[int, list[dict]]],
+    level: int,
+    config: GenerationConfig,
+    clock: ForwardClock,
+    label: str,
+    chunk: int,
+) -> tuple[Block, list[Sample]]:
+    """The items' requests on `level` threads (each takes the next request when its own is
+    done), timed as a whole and one by one."""
+    for member in ensemble.members:
+        member.reset()
+    batchers = _batchers(ensemble.members)
+    before = {name: (b.batches, b.rows) for name, b in batchers.items()}
+    samples: list[Sample] = []
+
+    def one(item: tuple[int, list[dict]]) -> Sample:
+        index, messages = item
+        start = time.perf_counter()
+        out = ensemble.generate(messages, config)
+        seconds = time.perf_counter() - start
+        return Sample(
+            label, level, index, seconds, out.stats.tokens, out.text, out.finish_reason
+        )  # fmt: skip
+
+    forward, cpu = clock.total(), _cpu_seconds()
+    start = time.perf_counter()
+    with ThreadPoolExecutor(level, thread_name_prefix="bench-request") as pool:
+        samples = list(pool.map(one, items))
+    wall = time.perf_counter() - start
+    block = Block(
+        label,
+        level,
+        chunk,
+        wall,
+        _cpu_seconds() - cpu,
+        clock.total() - forward,
+        sum(s.tokens for s in samples),
+        {name: b.batches - before[name][0] for name, b in batchers.items()},
+        {name: b.rows - before[name][1] for name, b in batchers.items()},
+    )
+    return block, samples
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    return statistics.quantiles(ordered, n=100, method="inclusive")[round(q) - 1]
+
+
+def first_difference(member: Member, messages: list[dict], alone: str, together: str) -> dict:
+    """Where two texts of one prompt part: the first token (in `member`'s canonical ids) where
+    they differ, and `member`'s log-prob gap between the two choices after the shared ids (alone
+    minus together). For `single` this is the decision itself; for ensembles it is the drafter's
+    view of it."""
+    view = member.spawn(reuse=False)
+    view.start(normalize_messages(messages))
+    a, b = view.canonical_ids(alone), view.canonical_ids(together)
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    found = {"shared_tokens": shared, "alone": alone, "together": together}
+    if shared == min(len(a), len(b)):  # one is a prefix of the other: the turn ended early
+        return found
+    prefix = b"".join(view.vocab.token_bytes[i] for i in a[:shared]).decode("utf-8", "ignore")
+    view.sync(prefix)
+    if view.ids != a[:shared]:  # the prefix alone tokenizes differently: no clean decision point
+        return found
+    row = view.logprobs([shared])[0]
+    found["gap"] = float(row[a[shared]] - row[b[shared]])
+    found["tokens"] = [view.vocab.token_bytes[a[shared]].decode("utf-8", "replace"),
+                       view.vocab.token_bytes[b[shared]].decode("utf-8", "replace")]  # fmt: skip
+    return found
+
+
+def summarise(
+    setups: Sequence[Setup],
+    levels: Sequence[int],
+    blocks: Sequence[Block],
+    samples: Sequence[Sample],
+) -> list[dict]:
+    rows = []
+    for setup in setups:
+        alone = {s.problem: s for s in samples if s.label == setup.label and s.level == 1}
+        base = None
+        for level in levels:
+            mine = [b for b in blocks if b.label == setup.label and b.level == level]
+            reqs = [s for s in samples if s.label == setup.label and s.level == level]
+            wall = sum(b.wall for b in mine)
+            tokens = sum(b.tokens for b in mine)
+            lat = [s.seconds for s in reqs]
+            names = sorted({n for b in mine for n in b.batches})
+            passes = {n: sum(b.batches.get(n, 0) for b in mine) for n in names}
+            served = {n: sum(b.rows.get(n, 0) for b in mine) for n in names}
+            row = {
+                "label": setup.label,
+                "method": setup.method,
+                "level": level,
+                "requests": len(reqs),
+                "tokens": tokens,
+                "wall_s": wall,
+                "tokens_per_s": tokens / wall if wall else 0.0,
+                "p50_ms": 1000 * _percentile(lat, 50),
+                "p95_ms": 1000 * _percentile(lat, 95),
+                "rows_per_pass": {
+                    n: served[n] / passes[n] for n in names if passes[n]
+                },  # fmt: skip
+                "passes": passes,
+                "forward_share": sum(b.forward for b in mine) / wall if wall else 0.0,
+                "cpu_cores": sum(b.cpu for b in mine) / wall if wall else 0.0,
+                "tokens_per_cpu_s": tokens / cpu if (cpu := sum(b.cpu for b in mine)) else None,
+                "same_text": sum(s.text == alone[s.problem].text for s in reqs),
+                "differences": [s.problem for s in reqs if s.text != alone[s.problem].text],
+            }
+            base = base or row
+            row["throughput_ratio"] = row["tokens_per_s"] / base["tokens_per_s"]
+            row["p50_ratio"] = row["p50_ms"] / base["p50_ms"]
+            row["p95_ratio"] = row["p95_ms"] / base["p95_ms"]
+            row["cpu_efficiency_ratio"] = (
+                row["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
+                if row["tokens_per_cpu_s"] and base["tokens_per_cpu_s"]
+                else None
+            )
+            row["bound_if_passes_were_free"] = (
+                1 / (1 - base["forward_share"]) if base["forward_share"] < 1 else None
+            )
+            rows.append(row)
+    return rows
+
+
+def goals(rows: Sequence[dict]) -> list[dict]:
+    """Per configuration, the goals at GOAL_LEVEL: met or missed, with the numbers."""
+    out = []
+    for row in rows:
+        if row["level"] != GOAL_LEVEL:
+            continue
+        out.append(
+            {
+                "label": row["label"],
+                "throughput_ratio": row["throughput_ratio"],
+                "throughput_met": row["throughput_ratio"] >= GOAL_THROUGHPUT,
+                "p50_ratio": row["p50_ratio"],
+                "p50_met": row["p50_ratio"] <= GOAL_P50,
+            }
+        )
+    return out
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    lines = []
+    if result.get("command"):
+        lines += [f"Command: `{result['command']}`", ""]
+    lines += [
+        f"{result['problems']} problems ({result['task']}), greedy, max_new_tokens="
+        f"{result['max_new_tokens']}, chunks of {result['chunk']}, torch threads "
+        f"{result['torch_threads']}, {result['cpus']} CPUs; load average "
+        f"{result['load_before'][0]:.2f} before, {result['load_after'][0]:.2f} after.",
+        "",
+        "| configuration | concurrent | tokens/s | × one at a time | p50 ms | × | p95 ms | × "
+        "| same text | rows/pass | in forward | CPU cores | tokens/CPU-s × |",
+        "|" + "---|" * 13,
+    ]
+    for r in rows:
+        per_pass = ", ".join(f"{v:.1f}" for v in r["rows_per_pass"].values())
+        efficiency = r["cpu_efficiency_ratio"]
+        lines.append(
+            f"| {r['label']} | {r['level']} | {r['tokens_per_s']:.0f} | "
+            f"{r['throughput_ratio']:.2f} | {r['p50_ms']:.0f} | {r['p50_ratio']:.2f} | "
+            f"{r['p95_ms']:.0f} | {r['p95_ratio']:.2f} | {r['same_text']}/{r['requests']} | "
+            f"{per_pass} | {100 * r['forward_share']:.0f} % | {r['cpu_cores']:.2f} | "
+            f"{'–' if efficiency is None else f'{efficiency:.2f}'} |"
+        )
+    members = ", ".join(result["members"])
+    lines += [
+        "",
+        f"rows/pass: requests' passes per forward pass, per model ({members}). in forward: "
+        "share of the wall time inside the models' forward passes. CPU cores: process CPU "
+        "time / wall time. tokens/CPU-s ×: output tokens per CPU second against one at a time "
+        "(what concurrency saves in work, whatever CPU share the machine gave the run).",
+    ]
+    met = result["goals"]
+    if met:
+        lines += [
+            "",
+            f"Goals at {GOAL_LEVEL} concurrent requests: tokens/s >= {GOAL_THROUGHPUT:g}× one "
+            f"at a time, p50 latency <= {GOAL_P50:g}× a lone request.",
+            "",
+            "| configuration | tokens/s × | met | p50 × | met | bound if passes were free |",
+            "|---|---|---|---|---|---|",
+        ]
+        bounds = {r["label"]: r["bound_if_passes_were_free"] for r in rows if r["level"] == 1}
+        for g in met:
+            bound = bounds.get(g["label"])
+            lines.append(
+                f"| {g['label']} | {g['throughput_ratio']:.2f} | "
+                f"{'yes' if g['throughput_met'] else 'no'} | {g['p50_ratio']:.2f} | "
+                f"{'yes' if g['p50_met'] else 'no'} | "
+                f"{'–' if bound is None else f'{bound:.2f}'} |"
+            )
+    if result["differences"]:
+        lines += ["", "Texts that differ from the one-at-a-time text:", ""]
+        for d in result["differences"]:
+            gap = d.get("gap")
+            where = (
+                f"drafter log-prob gap {gap:+.2e} between {d['tokens'][0]!r} (alone) and "
+                f"{d['tokens'][1]!r}"
+                if gap is not None
+                else f"alone {d['alone']!r} / together {d['together']!r}"
+            )
+            lines.append(
+                f"- {d['label']}, {d['level']} concurrent, problem {d['problem']}: after "
+                f"{d['shared_tokens']} shared tokens, {where}"
+            )
+    else:
+        lines += ["", "Every request wrote exactly the text it wrote alone."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: Sequence[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        levels = [r["level"] for r in mine]
+        left.plot(levels, [r["tokens_per_s"] for r in mine], marker="o", label=label)
+        right.plot(levels, [r["p50_ratio"] for r in mine], marker="o", label=label)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["level"] for r in rows}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrent requests")
+        ax.grid(alpha=0.3)
+    left.set_ylabel("output tokens/s (all requests)")
+    left.set_title("throughput")
+    right.axhline(GOAL_P50, color="grey", linestyle="--", linewidth=1)
+    right.set_ylabel("p50 latency / lone request")
+    right.set_title(f"p50 latency ratio (dashed: goal at {GOAL_LEVEL})")
+    left.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "concurrency.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(
+    *,
+    members: Sequence[Member],
+    setups: Sequence[Setup],
+    items: Sequence[list[dict]],
+    task: str,
+    levels: Sequence[int],
+    max_new_tokens: int = 128,
+    chunk: int | None = None,
+    out: str | Path = "bench-out/concurrency",
+    progress: bool = True,
+    command: str = "",
+) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    levels = sorted(levels)
+    chunk = chunk or 2 * levels[-1]
+    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    ensembles = {
+        s.label: ensemble_for(members, s, max_concurrency=levels[-1], prefix_reuse=False)
+        for s in setups
+    }
+    numbered = list(enumerate(items))
+    chunks = [numbered[i : i + chunk] for i in range(0, len(numbered), chunk)]
+    clock = ForwardClock(members)
+    load_before = os.getloadavg()
+    try:
+        for label, ensemble in ensembles.items():  # untimed: lazy inits, thread start-up
+            run_block(ensemble, numbered[: levels[-1]], levels[-1], config, clock, label, -1)
+        blocks: list[Block] = []
+        samples: list[Sample] = []
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(chunks) * len(setups) * len(levels), desc="blocks")
+        for index, part in enumerate(chunks):
+            order = list(setups[index % len(setups) :]) + list(setups[: index % len(setups)])
+            for setup in order:
+                turn = index % len(levels)
+                for level in list(levels[turn:]) + list(levels[:turn]):
+                    block, got = run_block(
+                        ensembles[setup.label], part, level, config, clock, setup.label, index
+                    )
+                    blocks.append(block)
+                    samples.extend(got)
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+    finally:
+        clock.remove()
+    load_after = os.getloadavg()
+    rows = summarise(setups, levels, blocks, samples)
+    differences = []
+    for row in rows:
+        for problem in row["differences"]:
+            mine = {(s.level, s.problem): s for s in samples if s.label == row["label"]}
+            alone, together = mine[1, problem], mine[row["level"], problem]
+            drafter = ensembles[row["label"]].method.active[0]
+            found = first_difference(drafter, items[problem], alone.text, together.text)
+            differences.append({"label": row["label"], "level": row["level"],
+                                "problem": problem, **found})  # fmt: skip
+    result = {
+        "command": command,
+        "task": task,
+        "problems": len(items),
+        "levels": list(levels),
+        "chunk": chunk,
+        "max_new_tokens": max_new_tokens,
+        "members": [m.name for m in members],
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_before": list(load_before),
+        "load_after": list(load_after),
+        "rows": rows,
+        "goals": goals(rows),
+        "differences": differences,
+        "blocks": [asdict(b) for b in blocks],
+        "requests": [asdict(s) for s in samples if s.level == 1]
+        + [{k: v for k, v in asdict(s).items() if k != "text"} for s in samples if s.level != 1],
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text(markdown(result))
+    result["plots"] = [str(plot(rows, out))]
+    return result
