@@ -17,7 +17,7 @@ by `core.tools`' parser, as `parse_tool_calls` reads them).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -99,8 +99,7 @@ def request_configs(
         tool_choice=tool_choice,
         response_format=problem.response_format,
     )
-    free = copy.copy(grammar)  # same tools and schema in every prompt, calls parsed from text
-    object.__setattr__(free, "constraint", None)
+    free = dataclasses.replace(grammar, grammar=False)  # the same prompts, no grammar
     return {"grammar": grammar, "prompt only": free}
 
 

@@ -26,7 +26,8 @@ class GenerationConfig:
     "none", "required" or a tool name), `parallel_tool_calls`, and `response_format` (a JSON
     schema, {"type": "json_object"} or OpenAI's {"type": "json_schema", ...}). They are checked
     and normalised here (`core.tools`), and together they make the request's grammar
-    (`constraint`, None when there is nothing to constrain), which every method honours."""
+    (`constraint`, None when there is nothing to constrain), which every method honours;
+    `grammar=False` only shows them to the members (the prompt-only baseline)."""
 
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -37,6 +38,7 @@ class GenerationConfig:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    grammar: bool = True  # False: tools and schema reach the prompts only (calls still parsed)
     constraint: Constraint | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,14 +55,15 @@ class GenerationConfig:
             "tools": normalize_tools(self.tools),
             "parallel_tool_calls": check_bool("parallel_tool_calls", self.parallel_tool_calls),
             "response_format": normalize_response_format(self.response_format),
+            "grammar": check_bool("grammar", self.grammar),
         }
         checked["tool_choice"] = normalize_tool_choice(self.tool_choice, checked["tools"])
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, here
         constraint = build_constraint(
             self.tools, self.tool_choice, self.parallel_tool_calls, self.response_format
-        )
-        object.__setattr__(self, "constraint", constraint)
+        )  # built (and so checked) either way
+        object.__setattr__(self, "constraint", constraint if self.grammar else None)
 
     @property
     def calls_tools(self) -> bool:

@@ -362,9 +362,11 @@ class _Run:
             finally:
                 commits.close()
 
-    def _forced(self, method: Method) -> Commit | None:
+    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
         """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None."""
+        (counted in the first active member's tokens), or None. It ends before its last
+        whitespace run unless `whole`: a space is written by the model with the word after it
+        (` "add",` can be one token), so the model continues from text it was trained on."""
         request = self.request
         if request.config.constraint is None:
             return None
@@ -372,6 +374,8 @@ class _Run:
         if first.text != request.text:  # (a member holding part of a character keeps it)
             first.sync(request.text)
         text = first.forced()
+        if not whole:
+            text = text[: _last_space_run(text)]
         if not text:
             return None
         before = first.n_tokens
@@ -383,7 +387,7 @@ class _Run:
     def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method)
+        forced = self._forced(method, whole=True)
         if forced is None:
             return text, calls
         self.request.text += forced.text
@@ -433,6 +437,18 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
+
+
+def _last_space_run(text: str) -> int:
+    """Where the last run of whitespace in `text` starts (its length when there is none)."""
+    end = len(text)
+    while end and not text[end - 1].isspace():
+        end -= 1
+    if not end:
+        return len(text)
+    while end and text[end - 1].isspace():
+        end -= 1
+    return end
 
 
 def _check_policy(policy: str) -> None:

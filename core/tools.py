@@ -323,11 +323,12 @@ def _region_end(body: str) -> int:
     string inside it may well contain the tag's text. Text that is not such an object ends at
     the first tag."""
     start = len(body) - len(body.lstrip())
+    if not body.startswith("{", start):  # not a call: the first tag ends it
+        return body.find(TOOL_CALL_END)
     try:
         _, after = _JSON.raw_decode(body, start)
     except json.JSONDecodeError as error:
-        unfinished = error.pos >= len(body.rstrip()) or error.msg.startswith("Unterminated")
-        if unfinished and body[start:].startswith("{"):
+        if error.pos >= len(body.rstrip()) or error.msg.startswith("Unterminated"):
             return -1  # the object is still being written
         return body.find(TOOL_CALL_END)
     close = len(body[after:]) - len(body[after:].lstrip())
