@@ -84,19 +84,11 @@ EXPECTED_FAILURES = {  # method -> the tests its answers fail, as measured
     },
     "safe": {
         "test_tool_calling_with_no_arguments",
-        "test_structured_output[typeddict]",
-        "test_structured_output_async[typeddict]",
-        "test_structured_output_pydantic_2_v1",
         "test_structured_output_optional_param",
         "test_json_mode",
         "test_unicode_tool_call_integration",
     },
-    "specem": {
-        "test_tool_calling_with_no_arguments",
-        "test_tool_choice",
-        "test_unicode_tool_call_integration",
-        *_STRUCTURED,
-    },
+    "specem": {"test_tool_choice", "test_unicode_tool_call_integration", *_STRUCTURED},
 }
 
 
