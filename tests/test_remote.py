@@ -362,3 +362,18 @@ def test_wait_until_healthy(servers):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert not wait_until_healthy(f"http://127.0.0.1:{port}/v1", timeout=1.5)  # gives up
+
+
+@pytest.mark.parametrize("method", ["single", "safe", "specem"])
+def test_remote_members_keep_to_the_grammar(method, remotes, shipped_members):
+    """A served draft is cut at its first token the grammar rejects (the server drafts without
+    it), so served members give the same valid answer as in-process ones."""
+    import json
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0,
+              "maximum": 99}}, "required": ["answer"]}  # fmt: skip
+    config = GenerationConfig(max_new_tokens=40, response_format=schema)
+    local = Ensemble(shipped_members[:2], method).generate(PROMPT, config)
+    remote = Ensemble(remotes, method).generate(PROMPT, config)
+    assert remote.text == local.text and remote.finish_reason == "stop"
+    assert 0 <= json.loads(remote.text)["answer"] <= 99
