@@ -8,9 +8,9 @@ LlamaIndex (`structured_predict`).
 Runs offline on CPU. The answer's JSON schema is a grammar over the shared text: every member's
 next-token distribution is masked to what the schema allows, and the keys, quotes and
 punctuation the schema forces are written without a model call, so the answer always parses
-and validates. The values are the models' own; the tiny models were trained on plain-text
-answers, so they are often wrong. Bounded fields (a number range, a short string, a fixed set
-of words) keep them from writing a value without end.
+and validates. The values are the models' own; the tiny models learned JSON answers of one
+integer only, so other fields are often wrong. Bounded fields (a number range, a short string,
+a fixed set of words) keep them from writing a value without end.
 """
 
 from __future__ import annotations
