@@ -9,9 +9,9 @@ past keys right-padded to a common length, new tokens after the padding, one 4-D
 that lets every row see only its own past (and, for verify-in-line scoring, only the blocks it
 may see), position ids per row.
 
-No thread is added: the first request thread to arrive runs the batch ("leads"), later arrivals
-wait; when the leader's own pass is done it hands the lead to a waiting thread. Before it runs,
-the leader waits for the request threads that are still computing their next pass in Python
+No thread is added: the first request thread to arrive runs the batch (the leader), later
+arrivals wait; when the leader's own pass is done it hands its role to a waiting thread. Before
+it runs, the leader waits for the request threads that are still computing their next pass in Python
 (`RequestThreads`: the admission marks a thread that runs a request; a thread in a batcher, or
 waiting for a slot, is parked), for a bounded time: twice the longer of a mean pass and a mean
 stretch of a request's Python between two passes. A batch that waited for them costs little
@@ -202,7 +202,7 @@ class Batcher:
     # Every change of the queue and of who leads happens under the lock, and a thread's own
     # bookkeeping is in `finally` blocks that an interrupt (Ctrl-C lands in whichever thread runs
     # the main loop, a leader included) cannot skip: an interrupted waiter leaves the queue and
-    # passes on a lead it was given; an interrupted leader puts the others' passes back.
+    # passes on a leader's role it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
         park = request_threads.park()
@@ -216,25 +216,25 @@ class Batcher:
             with self._lock:
                 self._queue.append(ticket)
                 if not self._busy:
-                    self._busy = ticket.lead = True
-            if not ticket.lead:
+                    self._busy = ticket.leads = True
+            if not ticket.leads:
                 ticket.ready.wait()
-            if ticket.lead:
+            if ticket.leads:
                 self._serve(ticket)
             return ticket.result()
         finally:
             with self._lock:
                 if ticket in self._queue:  # interrupted while waiting
                     self._queue.remove(ticket)
-                if ticket.lead:
-                    ticket.lead = False
+                if ticket.leads:
+                    ticket.leads = False
                     self._pass_lead()
 
     def _pass_lead(self) -> None:
         """The next waiting thread leads (called under the lock)."""
         if self._queue:
             successor = self._queue[0]
-            successor.lead = True
+            successor.leads = True
             successor.ready.set()
         else:
             self._busy = False
@@ -424,13 +424,13 @@ def _similar(n: int, m: int) -> bool:
 
 
 class _Ticket:
-    """One waiting pass: its result or error, and whether its thread must take the lead."""
+    """One waiting pass: its result or error, and whether its thread must become the leader."""
 
     def __init__(self, job: Pass, park: Park) -> None:
         self.job = job
         self.park = park
         self.ready = threading.Event()
-        self.lead = False
+        self.leads = False
         self.finished = False
         self.error: BaseException | None = None
 

@@ -403,7 +403,7 @@ def _incomplete_tail(data: bytes) -> bytes:
         byte = data[-back]
         if byte < 0x80:
             return b""
-        if byte >= 0xC0:  # a lead byte: is its character complete?
+        if byte >= 0xC0:  # a leading byte: is its character complete?
             need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data[-back:] if back < need else b""
     return b""
