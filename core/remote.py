@@ -58,7 +58,7 @@ from .errors import (
 from .loading import _TOKENIZER_PROBE, load_tokenizer
 from .member import Draft, Member, _common_prefix
 from .sampling import Sampler
-from .vocab import Vocab
+from .vocab import Vocab, stop_logprob
 
 _RETRYABLE = (  # the server is (re)starting or went away: trying again may help
     httpx.ConnectError,
@@ -512,9 +512,8 @@ class RemoteMember(Member):
             rows = choice["prompt_logprobs"]
             values = [rows[start + j][str(token)]["logprob"] for j, token in enumerate(block)]
             if end:
-                entries = choice["logprobs"]["top_logprobs"][0]
-                stops = [v for k, v in entries.items() if _token_id(k) in self.stop_ids]
-                values.append(float(torch.logsumexp(torch.tensor(stops), 0)) if stops else -1e30)
+                row = self._row(choice["logprobs"]["top_logprobs"][0])  # its stop ids included
+                values.append(max(float(stop_logprob(row, self.stop_ids)), -1e30))
             scores.append(torch.tensor(values, dtype=torch.float32))
         return scores
 
