@@ -52,6 +52,9 @@ def demo(args: argparse.Namespace) -> None:
     for method in methods:
         if method == "single":
             setups += [(f"single {m.name}", Ensemble([m], "single")) for m in members]
+        elif method == "token":  # the baseline as published, and the variant that holds up here
+            setups.append(("token (UniTE as published)", Ensemble(members, "token")))
+            setups.append(("token, first sub-token", Ensemble(members, "token", subtoken="first")))
         else:
             setups.append((method, Ensemble(members, method)))
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
