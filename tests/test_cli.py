@@ -9,7 +9,8 @@ from core.testbed import make_problems, model_paths
 def test_demo_runs_every_method_on_the_shipped_models(capsys):
     assert main(["demo", "--n", "1", "--max-new-tokens", "60"]) == 0
     out = capsys.readouterr().out
-    for label in ("single tb-gpt2-bpe", "token", "safe", "specem"):
+    labels = ("single tb-gpt2-bpe", "token (UniTE as published)", "token, first sub-token")
+    for label in (*labels, "safe", "specem"):
         assert f"--- {label}:" in out
     assert "accuracy on these problems:" in out
 
