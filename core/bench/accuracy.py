@@ -42,6 +42,7 @@ class Record:
     first_delta: float | None
     memory_mb: float
     counts: dict[str, int]
+    text: str  # the answer itself: two runs of one configuration compare problem by problem
 
 
 def _with_served(
@@ -93,6 +94,7 @@ def _run_one(
         first_delta=out.stats.first_delta_seconds,
         memory_mb=memory,
         counts=dict(out.stats.counts),
+        text=out.text,
     )
     return record, out.text
 
