@@ -263,6 +263,23 @@ class Member(ABC):
             self._rewind(common_prefix(self._state.seq, seq))
             self._state.seq, self._state.data, self._state.ends = seq, data, ends
 
+    def sync_ids(self, ids: Sequence[int]) -> None:
+        """Make this member's response exactly these ids, whether or not its tokenizer would
+        spell their text that way (a method that continues from the ids a paper's code gives
+        a model: SAFE's remap="as-aligned"). A later `sync` to the same text keeps them."""
+        ids = list(ids)
+        with self._transaction("sync"):
+            state = self._state
+            keep = common_prefix(self.ids, ids)
+            if state.prompt_len + len(ids) > self.context_window:
+                raise ContextOverflow(f"member {self.name!r} reached its context window")
+            self._rewind(state.prompt_len + keep)
+            state.seq = state.seq[: state.prompt_len + keep]
+            state.data = state.data[: state.ends[keep - 1] if keep else 0]
+            state.ends = state.ends[:keep]
+            for token in ids[keep:]:
+                self._append(token)
+
     def _retokenize(self, data: bytes, within: int | None = None) -> tuple[list[int], list[int]]:
         """Ids and byte ends for `data`, keeping every current token before the last safe cut
         (at most `within` bytes in: tokens past it are re-encoded canonically)."""

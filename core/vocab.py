@@ -6,8 +6,7 @@ SentencePiece tokens (`▁` for a space, `<0x0A>` byte fallback), plain tokens, 
 that spell nothing. The table is derived from the tokenizer's own decoder description, never from
 hard-coded ids, and the per-family quirk of a "dummy prefix" space is detected by probing.
 
-Alignment across members lives here too: UniTE's top-k union and GaC's full-vocabulary union map
-each member's next-token distribution onto one list of candidate strings.
+Aligning several members on these strings (UniTE's and GaC's unions) is `core.alignment`.
 """
 
 from __future__ import annotations
@@ -18,18 +17,11 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 EOS = "<EOS>"  # the one candidate string that stands for "stop" in every member's vocabulary
-
-# Which id stands for a string outside a member's top-k when the string is several of its tokens
-# (UniTE's alignment): "nonblank" = its first sub-token that is not a bare space, as UniTE's and
-# SAFE's released code do (" 12" -> "1" for a tokenizer that spells it "▁" "1" "2"); "first" =
-# its first sub-token whatever it is (" 12" -> "▁").
-SUBTOKEN_RULES = ("nonblank", "first")
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _CUT_PROBES = (
@@ -156,6 +148,10 @@ class Vocab:
         special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
         self.special_ids: frozenset[int] = frozenset(special)
         id_to_token = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        # what `decode` writes for each control token ("<|im_end|>"): it spells nothing here
+        self.special_text: dict[int, str] = {
+            i: id_to_token[i] for i in sorted(special) if i < len(id_to_token) and id_to_token[i]
+        }
         self.token_bytes: list[bytes] = [b""] * self.size
         self.strings: list[str | None] = [None] * self.size
         for i, token in enumerate(id_to_token):
@@ -182,7 +178,6 @@ class Vocab:
             if any(b in t.encode() for t in _CUT_PROBES)  # never seen, never trusted
             and all(self._cuts_reproduce(t, b) for t in _CUT_PROBES)
         )
-        self._first_id_cache: dict[tuple[str, str], int | None] = {}
 
     def _raw_encode(self, text):
         with tokenizer_lock(self.tokenizer):
@@ -214,25 +209,6 @@ class Vocab:
                 if self.encode(head) + self.encode(tail) != whole:
                     return False
         return True
-
-    def first_id(self, s: str, rule: str = "first") -> int | None:
-        """The id a member would start spelling `s` with (UniTE's rule for strings outside its
-        top-k): the token itself when `s` is one token, else a sub-token chosen by `rule` (see
-        SUBTOKEN_RULES)."""
-        key = (s, rule)
-        if key not in self._first_id_cache:
-            ids = self.encode(s)
-            if rule == "nonblank":  # UniTE's code: sub-tokens equal to its " " token are skipped
-                blank = self.encode(" ")[:1]
-                found = ids[0] if len(ids) == 1 else next((i for i in ids if [i] != blank), None)
-                found = ids[0] if found is None and ids else found
-            else:
-                dummy_only = ids and self.token_bytes[ids[0]] == b" " and len(ids) > 1
-                if self.dummy_prefix and dummy_only and not s.startswith(" "):
-                    ids = ids[1:]  # a "▁" the tokenizer put in front of the string
-                found = self.string_to_id.get(s, ids[0] if ids else None)
-            self._first_id_cache[key] = found
-        return self._first_id_cache[key]
 
 
 def stop_logprob(logprobs: torch.Tensor, stop_ids: Iterable[int]) -> torch.Tensor:
@@ -286,93 +262,3 @@ class ByteIndex:
         """(length, ids) for every token that spells s[:length] exactly."""
         top = len(s) - 1 if proper else len(s)
         return [(n, self.exact[s[:n]]) for n in range(1, top + 1) if s[:n] in self.exact]
-
-
-# --------------------------------------------------------------------------------------------
-# Alignment: several members' next-token distributions onto one list of candidate strings.
-
-
-@dataclass(frozen=True)
-class Aligned:
-    """Candidate strings and each member's probability for each of them: probs[m, c]."""
-
-    strings: list[str]
-    probs: torch.Tensor  # [members, candidates], float32 on CPU
-
-
-def unite_union(
-    vocabs: Sequence[Vocab],
-    stop_ids: Sequence[Sequence[int]],
-    logprobs: Sequence[torch.Tensor],
-    k: int = 10,
-    subtoken: str = "nonblank",
-) -> Aligned:
-    """UniTE: the union of each member's top-k strings; a member's value for a string outside its
-    top-k is its log-prob of that string as one token, or of one of its sub-tokens (`subtoken`,
-    see SUBTOKEN_RULES). Each member is then renormalised over the union (softmax), as UniTE
-    does."""
-    union: dict[str, None] = {}
-    for vocab, stops, lp in zip(vocabs, stop_ids, logprobs, strict=True):
-        top = torch.topk(lp, min(k, lp.shape[-1])).indices.tolist()
-        for i in top:
-            if i in stops:
-                union[EOS] = None
-            elif vocab.strings[i]:
-                union[vocab.strings[i]] = None
-    strings = list(union)
-    rows = []
-    for vocab, stops, lp in zip(vocabs, stop_ids, logprobs, strict=True):
-        lp_cpu = lp.float().cpu()
-        values = []
-        for s in strings:
-            if s == EOS:
-                values.append(stop_logprob(lp_cpu, stops).item())
-                continue
-            i = vocab.first_id(s, subtoken)
-            values.append(lp_cpu[i].item() if i is not None else float("-inf"))
-        values = torch.tensor(values)
-        if bool(torch.isneginf(values).all()):  # none of the strings can come from this member
-            rows.append(torch.zeros_like(values))  # (a constrained row: none is allowed there)
-        else:
-            rows.append(torch.softmax(values, dim=0))
-    return Aligned(strings, torch.stack(rows))
-
-
-class UnionVocab:
-    """GaC's full-vocabulary union: every member's ids mapped onto one string index (built once
-    per ensemble; the map is a dense index tensor, so projecting a distribution is one
-    scatter_add)."""
-
-    def __init__(self, vocabs: Sequence[Vocab], stop_ids: Sequence[Sequence[int]]) -> None:
-        index: dict[str, int] = {EOS: 0}
-        self.maps: list[torch.Tensor] = []
-        for vocab, stops in zip(vocabs, stop_ids, strict=True):
-            target = torch.full((vocab.size,), -1, dtype=torch.long)
-            for i, s in enumerate(vocab.strings):
-                if s:
-                    target[i] = index.setdefault(s, len(index))
-            for i in stops:
-                if i < vocab.size:
-                    target[i] = 0
-            self.maps.append(target)
-        self.strings = list(index)
-        self.index = index  # string -> its position in `strings`
-        void = len(self.strings)  # unspellable ids (control tokens, partial bytes) land here
-        self.maps = [torch.where(m < 0, void, m) for m in self.maps]
-        self._device_maps: dict[tuple[int, str], torch.Tensor] = {}
-
-    def project(self, member: int, logprobs: torch.Tensor) -> torch.Tensor:
-        """A member's distribution as probabilities over the union strings (CPU, float32)."""
-        key = (member, str(logprobs.device))
-        if key not in self._device_maps:
-            self._device_maps[key] = self.maps[member].to(logprobs.device)
-        index = self._device_maps[key]
-        out = torch.zeros(len(self.strings) + 1, device=logprobs.device, dtype=torch.float32)
-        n = min(index.shape[0], logprobs.shape[-1])
-        out.scatter_add_(0, index[:n], logprobs.float()[:n].exp())
-        return out[:-1].cpu()
-
-    def align(self, logprobs: Sequence[torch.Tensor]) -> Aligned:
-        return Aligned(
-            self.strings, torch.stack([self.project(m, lp) for m, lp in enumerate(logprobs)])
-        )

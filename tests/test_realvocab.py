@@ -100,7 +100,7 @@ def test_dummy_prefix_families_are_detected(real_members):
 
 
 def test_strings_align_across_real_families(real_members):
-    from core.vocab import UnionVocab
+    from core.alignment import UnionVocab
 
     members = [real_members[f] for f in ("llama-bpe", "llama-spm", "qwen2")]
     for member in members:

@@ -340,7 +340,7 @@ def test_healed_probabilities_of_the_next_byte_sum_to_one(tiny_members, family, 
     """From a real boundary `back` tokens before the end, P(u + x) / P(u) over every next byte
     x, plus P(u then stop), is a distribution: marginalising over every spelling (canonical or
     not, through extra batched passes) loses nothing."""
-    from core.methods.safe_heal import Healer as _Healer
+    from core.methods.safe.heal import Healer as _Healer
     from core.vocab import ByteIndex as _ByteIndex
 
     member = tiny_members[family]

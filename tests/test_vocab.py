@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.vocab import EOS, UnionVocab, is_cut, unite_union
+from core.alignment import UnionVocab, subtoken_id, unite_union
+from core.vocab import EOS, is_cut
 
 TEXT = st.text(
     alphabet=st.sampled_from(list("Tom has 7 apples.\n+-=\tab cdéü☃😀 0123456789  ")),
@@ -84,9 +85,9 @@ def test_subtoken_rule_for_strings_outside_the_top_k(tiny_members):
     every number."""
     spm = tiny_members[1].vocab
     blank, one, two = (spm.string_to_id[s] for s in (" ", "1", "2"))
-    assert spm.first_id(" 12", "first") == spm.first_id(" 23", "first") == blank
-    assert (spm.first_id(" 12", "nonblank"), spm.first_id(" 23", "nonblank")) == (one, two)
-    assert spm.first_id(" ", "nonblank") == blank  # a string that is one token is that token
+    assert subtoken_id(spm, " 12", "first") == subtoken_id(spm, " 23", "first") == blank
+    assert (subtoken_id(spm, " 12", "nonblank"), subtoken_id(spm, " 23", "nonblank")) == (one, two)
+    assert subtoken_id(spm, " ", "nonblank") == blank  # a string that is one token is that token
     bpe = tiny_members[0]
     ids = [bpe.vocab.string_to_id[s] for s in (" 12", " 23")]
     bpe_lp = _peaked(bpe.vocab.size, dict.fromkeys(ids, 0.45))

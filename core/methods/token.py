@@ -19,49 +19,15 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..aggregate import AGGREGATIONS, combine
+from ..alignment import GATE, Aligner, top_candidates
 from ..errors import InvalidConfigError
 from ..events import SkipGate, TokenEnsembled
 from ..parallel import each
 from ..validate import check_int, check_real
-from ..vocab import EOS, SUBTOKEN_RULES, Aligned, UnionVocab, unite_union
+from ..vocab import EOS
 from .base import Commit, Method, Request, check_choice
 
-AGGREGATORS = ("unite", "gac")
-GATE = 0.5  # GaC's threshold on its main member's probability (SAFE+GaC applies it too)
 PAPER_GATES = {"unite": None, "gac": GATE}  # gate="paper": each method as published
-
-
-class Aligner:
-    """Next-token distributions of several members -> probabilities over shared strings."""
-
-    def __init__(self, aggregator: str, top_k: int, subtoken: str = "nonblank") -> None:
-        check_choice("aggregator", aggregator, AGGREGATORS)
-        check_choice("subtoken", subtoken, SUBTOKEN_RULES)
-        self.aggregator = aggregator
-        self.top_k = top_k
-        self.subtoken = subtoken
-        # GaC's union of full vocabularies, built once per member set and shared by every
-        # request's copy (keyed by names: a member that leaves a request shifts the indices)
-        self._unions: dict[tuple[str, ...], UnionVocab] = {}
-
-    def align(self, members: Sequence, logprobs: Sequence[torch.Tensor]) -> Aligned:
-        """The first `len(logprobs)` of `members` (one row each) aligned on candidate strings."""
-        vocabs = [m.vocab for m in members[: len(logprobs)]]
-        stops = [m.stop_ids for m in members[: len(logprobs)]]
-        if self.aggregator == "unite":
-            return unite_union(vocabs, stops, logprobs, k=self.top_k, subtoken=self.subtoken)
-        key = tuple(m.name for m in members)
-        if key not in self._unions:
-            vocabs, stops = [m.vocab for m in members], [m.stop_ids for m in members]
-            self._unions[key] = UnionVocab(vocabs, stops)
-        union = self._unions[key]
-        rows = [union.project(m, lp) for m, lp in enumerate(logprobs)]
-        return Aligned(union.strings, torch.stack(rows))
-
-
-def top_candidates(strings: list[str], probs: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
-    values, index = torch.topk(probs, min(k, probs.shape[0]))
-    return [(strings[i], float(v)) for v, i in zip(values.tolist(), index.tolist(), strict=True)]
 
 
 class TokenEnsemble(Method):

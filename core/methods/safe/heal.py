@@ -13,10 +13,10 @@ Both marginalise over its tokens that extend or are prefixes of the string; rows
 tokens come from the cycle's one forward pass, other spellings from a few batched passes
 (`Member.branch_logprobs`). A healed verifier "agrees" when it gives the drafted text > 1/2.
 
-The paper's loop (`safe.py`) talks to this module through one per-cycle object: `place` (where
-a verifier's tokens sit), `reads` (is this position read by text?), `rows` (which extra rows
-its forward pass must give), and the readings `own` (the drafted token) and `column` (every
-candidate). `NoHeal` is the paper: nothing is read by text.
+The verifiers' scoring (`scoring.py`) talks to this module through one per-draft object:
+`place` (where a verifier's tokens sit), `reads` (is this position read by text?), `rows`
+(which extra rows its forward pass must give), and the readings `own` (the drafted token) and
+`column` (every candidate). `NoHeal` is the paper: nothing is read by text.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..member import Member
-from ..vocab import EOS, ByteIndex, stop_logprob
+from ...member import Member
+from ...vocab import EOS, ByteIndex, stop_logprob
 
 HEALED = "healed_positions"  # positions scored through `heal` (informational, not in the sum)
 
