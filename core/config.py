@@ -79,10 +79,17 @@ class GenerationConfig:
 class Stats:
     """Per-request numbers. `tokens` counts output tokens in the committed tokenization:
     the drafter's for `single`/`safe`, one per ensembled step for `token`, the winners' for
-    `specem`."""
+    `specem`.
+
+    `ensembled_tokens` counts the output tokens an ensemble decision chose: SAFE's ensemble
+    points and `token`'s ensembled steps (one token each, a stop included), and every token of
+    a SpecEM round whose candidates were scored and voted on. E/T (`ensemble_rate`) is their
+    share of `tokens`, for every method. `ensembled_rounds` counts those SpecEM rounds (its
+    rounds are in `counts["rounds"]`: ensembled_rounds / rounds is the share it voted on)."""
 
     tokens: int = 0
-    ensembled: int = 0
+    ensembled_tokens: int = 0
+    ensembled_rounds: int = 0
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     member_seconds: dict[str, float] = field(default_factory=dict)
     member_calls: dict[str, int] = field(default_factory=dict)
@@ -103,8 +110,8 @@ class Stats:
 
     @property
     def ensemble_rate(self) -> float:
-        """E/T: the share of output tokens (or rounds) where members were combined."""
-        return self.ensembled / self.tokens if self.tokens else 0.0
+        """E/T: the share of output tokens an ensemble decision chose."""
+        return self.ensembled_tokens / self.tokens if self.tokens else 0.0
 
     def count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
@@ -121,7 +128,8 @@ class Stats:
     def to_dict(self) -> dict:
         return {
             "tokens": self.tokens,
-            "ensembled": self.ensembled,
+            "ensembled_tokens": self.ensembled_tokens,
+            "ensembled_rounds": self.ensembled_rounds,
             "ensemble_rate": round(self.ensemble_rate, 6),
             "prompt_tokens": dict(self.prompt_tokens),
             "member_seconds": {k: round(v, 6) for k, v in self.member_seconds.items()},

@@ -300,7 +300,7 @@ class _Run:
         self.request = request
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
-        self.call_opened = 0  # stats.ensembled when the open call region began
+        self.call_opened = 0  # stats.ensembled_tokens when the open call region began
         self.held = ""  # content of the last commit, shown with the last delta...
         self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
@@ -340,7 +340,7 @@ class _Run:
                     opened = shaper.in_call
                     text, calls = shaper.feed(commit.text)
                     if shaper.in_call and not opened:
-                        self.call_opened = request.stats.ensembled
+                        self.call_opened = request.stats.ensembled_tokens
                     self._report(calls)
                     if shaper.stopped or commit.finish or request.remaining <= 0:
                         finish = "stop" if shaper.stopped else (commit.finish or "length")
@@ -402,7 +402,7 @@ class _Run:
         for call in calls:
             self.calls.append(call)
             if isinstance(call, ToolCall):
-                ensembled = self.request.stats.ensembled - self.call_opened
+                ensembled = self.request.stats.ensembled_tokens - self.call_opened
                 self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
     def _after_failure(self, method: Method, error: MemberError) -> Method:

@@ -138,8 +138,8 @@ class MemberFailed(Event):
 
 @dataclass(frozen=True)
 class ToolCallEvent(Event):
-    """A tool call closed in the response: its id, name and parsed arguments, and how many
-    ensemble decisions (positions or segments) were taken while its text was written."""
+    """A tool call closed in the response: its id, name and parsed arguments, and how many of
+    the tokens written while its text was open an ensemble decision chose (`ensembled_tokens`)."""
 
     name: ClassVar[str] = "tool_call"
     id: str

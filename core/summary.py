@@ -15,7 +15,8 @@ from .events import EnsemblePoint, Event, json_safe
 def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event]) -> dict:
     """`method_summary` is `Ensemble.summary()` (method, members, method settings).
 
-    Adds: output `tokens`, `ensembled` and E/T (`ensemble_rate`), `input_tokens` (see
+    Adds: output `tokens`, `ensembled_tokens` and E/T (`ensemble_rate`), SpecEM's
+    `ensembled_rounds` (see `Stats`), `input_tokens` (see
     `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (verified rounds
     won per member: a round where every drafter wrote the same text credits no one) and
     `weights`, SAFE's `ensemble_points` (output positions where it ensembled), the method's
@@ -26,7 +27,8 @@ def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event])
         {
             **method_summary,
             "tokens": stats.tokens,
-            "ensembled": stats.ensembled,
+            "ensembled_tokens": stats.ensembled_tokens,
+            "ensembled_rounds": stats.ensembled_rounds,
             "ensemble_rate": stats.ensemble_rate,
             "input_tokens": stats.input_tokens,
             "prompt_tokens": dict(stats.prompt_tokens),

@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> None:
             output = event["data"]["output"]
             summary = output.response_metadata["ensemble"]
             print(
-                f"\n\n{summary['tokens']} tokens, ensembled at {summary['ensembled']} "
+                f"\n\n{summary['tokens']} tokens, ensembled at {summary['ensembled_tokens']} "
                 f"(E/T {summary['ensemble_rate']:.2f}); usage {output.usage_metadata}"
             )
 

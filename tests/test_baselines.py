@@ -48,7 +48,7 @@ def _partitioned(out) -> None:
     """Every output token is an ensembled step or a gated one, and the stats say so."""
     ensembled, gated = _positions(out, TokenEnsembled), _positions(out, SkipGate)
     assert sorted(ensembled + gated) == list(range(out.stats.tokens))
-    assert out.stats.ensembled == len(ensembled)
+    assert out.stats.ensembled_tokens == len(ensembled)
     assert out.stats.counts.get("skip_gate", 0) == len(gated)
 
 
@@ -86,7 +86,7 @@ def test_token_baselines_on_the_shipped_models(make_ensemble):
     for problem in PROBLEMS[:8]:
         out = gac.generate(problem.messages, max_new_tokens=80)
         _partitioned(out)
-        gated += out.stats.ensembled
+        gated += out.stats.ensembled_tokens
         tokens += out.stats.tokens
         assert min(e.probability for e in out.events if isinstance(e, SkipGate)) > 0.5
         for ens in (unite, every):

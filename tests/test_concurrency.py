@@ -40,7 +40,7 @@ def _fingerprint(out) -> tuple:
         out.text,
         out.finish_reason,
         s.tokens,
-        s.ensembled,
+        s.ensembled_tokens,
         dict(s.counts),
         dict(s.prompt_tokens),
         [e.to_dict() for e in out.events],

@@ -23,8 +23,8 @@ def test_token_method_runs_and_reports_every_position(tiny_members, aggregator, 
     out = ens.generate(PROMPT, max_new_tokens=12, on_event=seen.append)
     points = [e for e in seen if isinstance(e, TokenEnsembled)]
     assert out.finish_reason in ("stop", "length")
-    assert len(points) == out.stats.ensembled
-    assert out.stats.tokens == out.stats.ensembled  # a stop decision is a generated token too
+    assert len(points) == out.stats.ensembled_tokens
+    assert out.stats.tokens == out.stats.ensembled_tokens  # a stop decision is a token too
     assert "".join(e.chosen for e in points if e.chosen != "<EOS>") == out.text
     assert out.stats.ensemble_rate == 1.0
     assert set(out.stats.member_calls) == {tiny_members[i].name for i in members}

@@ -214,7 +214,7 @@ def test_a_callback_handler_receives_ensemble_events_on_invoke(chat, method):
     assert [data for _, data, _ in handler.events] == [e.to_dict() for e in seen]
     assert {run for _, _, run in handler.events} == set(handler.chat_runs)  # the LLM run
     if method == "token":  # one event per ensembled step
-        assert len(handler.events) == message.response_metadata["ensemble"]["ensembled"]
+        assert len(handler.events) == message.response_metadata["ensemble"]["ensembled_tokens"]
 
 
 @pytest.mark.parametrize("method", ENSEMBLING)
@@ -342,7 +342,8 @@ def test_metadata_is_on_the_last_chunk_only(chat, method):
     summary = full.response_metadata["ensemble"]
     assert summary["method"] == method and summary["members"] == list(MODEL_ORDER)
     assert 0.0 <= summary["ensemble_rate"] <= 1.0
-    assert {"winners", "ensemble_points", "weights", "ensembled"} <= set(summary)
+    keys = {"winners", "ensemble_points", "weights", "ensembled_tokens", "ensembled_rounds"}
+    assert keys <= set(summary)
     assert json.loads(json.dumps(summary)) == summary
 
 

@@ -136,7 +136,7 @@ def test_ensemble_events_reach_a_root_handler_inside_the_llm_span(tiny_members, 
     with instrument_tags({"session": "s1"}):
         response = llm.chat(MESSAGES)
     events = recorder.of(EnsembleTokenEvent)
-    assert len(events) == len(seen) == response.raw["stats"]["ensembled"] > 0
+    assert len(events) == len(seen) == response.raw["stats"]["ensembled_tokens"] > 0
     [start] = recorder.of(LLMChatStartEvent)
     assert {e.span_id for e in events} == {start.span_id}
     assert start.span_id.startswith("EnsembleLLM.chat")
@@ -157,7 +157,7 @@ async def test_async_events_carry_the_span(tiny_members, recorder):
     chunks = [c async for c in await llm.astream_chat(MESSAGES)]
     [start] = recorder.of(LLMChatStartEvent)
     events = recorder.of(EnsembleTokenEvent)
-    assert len(events) == chunks[-1].raw["stats"]["ensembled"] > 0
+    assert len(events) == chunks[-1].raw["stats"]["ensembled_tokens"] > 0
     assert {e.span_id for e in events} == {start.span_id}
 
 

@@ -113,8 +113,8 @@ def test_methods_match_in_process(method, options, remotes, shipped_members):
         assert got.text == want.text
         assert got.finish_reason == want.finish_reason
         assert got.stats.tokens == want.stats.tokens
-        assert got.stats.ensembled == want.stats.ensembled
-        consulted += got.stats.ensembled + got.stats.counts.get("skip_consensus", 0)
+        assert got.stats.ensembled_tokens == want.stats.ensembled_tokens
+        consulted += got.stats.ensembled_tokens + got.stats.counts.get("skip_consensus", 0)
         healed += got.stats.counts.get("healed_positions", 0)
     assert consulted > 0 or method == "single"  # the remote verifiers were really read
     assert healed > 0 or not options.get("heal")

@@ -86,7 +86,7 @@ def references(local_members) -> dict:
     for method, options, n in METHODS:
         ens = Ensemble(local_members, method, **options)
         texts[method, repr(options)] = [
-            (out.text, out.stats.ensembled)
+            (out.text, out.stats.ensembled_tokens)
             for out in (ens.generate(p.messages, CONFIG) for p in make_problems(n, seed=1))
         ]
     return texts
@@ -174,7 +174,7 @@ def test_the_ensemble_works_once_the_server_is_back(servers, references):
 def test_same_greedy_text_as_in_process(method, options, n, remote_members, references):
     remote = Ensemble(remote_members, method, **options)
     want = references[method, repr(options)]
-    got = [(o.text, o.stats.ensembled) for o in (
+    got = [(o.text, o.stats.ensembled_tokens) for o in (
         remote.generate(p.messages, CONFIG) for p in make_problems(n, seed=1)
     )]  # fmt: skip
     differ = [(i, w, g) for i, (w, g) in enumerate(zip(want, got, strict=True)) if w != g]

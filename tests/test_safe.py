@@ -38,12 +38,12 @@ def _ends(member_index: int, text: str) -> set[int]:
 def _adds_up(out) -> None:
     s = out.stats
     skips = sum(s.counts.get(k, 0) for k in SKIP_REASONS)
-    assert s.tokens == s.ensembled + skips + s.counts.get(EXTRA_TOKENS, 0)
-    assert s.ensembled == sum(isinstance(e, EnsemblePoint) for e in out.events)
+    assert s.tokens == s.ensembled_tokens + skips + s.counts.get(EXTRA_TOKENS, 0)
+    assert s.ensembled_tokens == sum(isinstance(e, EnsemblePoint) for e in out.events)
     for reason, kind in zip(SKIP_REASONS, (SkipMismatch, SkipConsensus, SkipGate), strict=True):
         assert s.counts.get(reason, 0) == sum(isinstance(e, kind) for e in out.events)
         assert all(e.name == reason for e in out.events if isinstance(e, kind))
-    assert s.ensemble_rate == pytest.approx(s.ensembled / s.tokens)
+    assert s.ensemble_rate == pytest.approx(s.ensembled_tokens / s.tokens)
 
 
 # --- OOV-like positions, on the real tokenizers ----------------------------------------------
@@ -78,7 +78,7 @@ def test_drafter_boundary_inside_a_verifier_token_is_skipped(tiny_members, heal)
         assert mismatched == expected
         assert all(e.member == "bpe-script" for e in out.events if isinstance(e, SkipMismatch))
         assert agreed == set(range(out.stats.tokens)) - expected
-    assert out.stats.ensembled == 0
+    assert out.stats.ensembled_tokens == 0
     _adds_up(out)
 
 
@@ -140,7 +140,7 @@ def test_stop_read_as_text_is_ensembled(tiny_members):
         outs[rule] = out = ens.generate(PROMPT, max_new_tokens=64)
         assert out.text == TEXT and out.finish_reason == "stop"
         _adds_up(out)
-    assert outs["mass"].stats.ensembled == 0
+    assert outs["mass"].stats.ensembled_tokens == 0
     points = [e for e in outs["text"].events if isinstance(e, EnsemblePoint)]
     last = outs["text"].stats.tokens - 1
     assert [(p.position, p.drafted, p.chosen) for p in points] == [(last, EOS, EOS)]
@@ -372,7 +372,7 @@ def test_copies_of_a_tiny_drafter_reproduce_it(tiny_members):
     ):
         out = Ensemble([base, *copies], "safe", **options).generate(PROMPT, max_new_tokens=40)
         assert out.text == expected.text and out.stats.tokens == expected.stats.tokens
-        assert out.stats.ensembled == 0
+        assert out.stats.ensembled_tokens == 0
         _adds_up(out)
 
 
@@ -432,7 +432,7 @@ def test_growing_drafts_keep_the_text_when_the_coarser_tokenizer_drafts(make_ens
     for problem in make_problems(5, seed=4):
         want = fixed.generate(problem.messages, max_new_tokens=96)
         got = growing.generate(problem.messages, max_new_tokens=96)
-        assert got.text == want.text and got.stats.ensembled == want.stats.ensembled
+        assert got.text == want.text and got.stats.ensembled_tokens == want.stats.ensembled_tokens
         cycles = [sum(isinstance(e, Drafted) for e in o.events) for o in (got, want)]
         assert cycles[0] <= cycles[1]
         _adds_up(got)

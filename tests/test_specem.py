@@ -240,7 +240,7 @@ def test_weights_follow_hedge_and_reset_per_request(nonstop):
     ens = Ensemble(nonstop, "specem", lr=2.0)
     out = ens.generate(PROMPT, SAMPLED)
     updates = _events(out, WeightsUpdated)
-    assert updates and out.stats.ensembled == len(updates)
+    assert updates and out.stats.ensembled_rounds == len(updates)
     w, _ = _replay(out, torch.full((3,), 1 / 3, dtype=torch.float64), 0, lr=2.0)
     assert list(out.stats.weights.values()) == pytest.approx(w.tolist())
     assert ens.weights is None  # nothing is carried to the next request...
@@ -263,7 +263,7 @@ def test_persisted_weights_survive_requests_and_reset_on_demand(nonstop):
 def test_feedback_off_keeps_uniform_weights(nonstop):
     ens = Ensemble(nonstop[:2], "specem", feedback=False)
     out = ens.generate(PROMPT, SAMPLED)
-    assert not _events(out, WeightsUpdated) and out.stats.ensembled >= 1
+    assert not _events(out, WeightsUpdated) and out.stats.ensembled_rounds >= 1
     assert out.stats.weights == {m.name: 0.5 for m in ens.members}
 
 
@@ -365,7 +365,13 @@ def test_schedule_and_wins_on_rounds_without_an_update(make_ensemble, schedule):
         w, t = _replay(out, w, t, lr=2.0, rounds=schedule == "rounds")
         counts = out.stats.counts
         won = sum(v for k, v in counts.items() if k.startswith("won/"))
-        assert won == out.stats.ensembled == counts["rounds"] - counts.get("consensus", 0)
+        assert won == out.stats.ensembled_rounds == counts["rounds"] - counts.get("consensus", 0)
+        # E/T in tokens: every token of a voted round, none of a round all drafters agreed on
+        assert out.stats.ensembled_tokens <= out.stats.tokens
+        if not counts.get("consensus"):
+            assert out.stats.ensembled_tokens == out.stats.tokens
+        if not out.stats.ensembled_rounds:
+            assert out.stats.ensembled_tokens == 0
         skipped += counts.get("consensus", 0)
         rounds += counts["rounds"]
     assert skipped > 0  # rounds without an update came before later updates

@@ -37,7 +37,8 @@ from .setups import (
 class Record:
     correct: bool | None
     tokens: int
-    ensembled: int
+    ensembled_tokens: int
+    ensembled_rounds: int
     seconds: float
     first_delta: float | None
     memory_mb: float
@@ -89,7 +90,8 @@ def _run_one(
     record = Record(
         correct=None if check is None else bool(check(out.text)),
         tokens=out.stats.tokens,
-        ensembled=out.stats.ensembled,
+        ensembled_tokens=out.stats.ensembled_tokens,
+        ensembled_rounds=out.stats.ensembled_rounds,
         seconds=seconds,
         first_delta=out.stats.first_delta_seconds,
         memory_mb=memory,
@@ -119,7 +121,8 @@ def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: 
                 "members": setup.members,
                 "problems": len(rs),
                 "accuracy": sum(scored) / len(scored) if scored else None,
-                "ensemble_rate": sum(r.ensembled for r in rs) / tokens if tokens else 0.0,
+                "ensemble_rate": sum(r.ensembled_tokens for r in rs) / tokens if tokens else 0.0,
+                "ensembled_rounds": sum(r.ensembled_rounds for r in rs),
                 "tokens": tokens,
                 "tokens_per_problem": tokens / len(rs) if rs else 0.0,
                 "ms_per_token": 1000 * seconds / tokens if tokens else None,
@@ -186,7 +189,7 @@ def details(row: dict) -> str:
         won = ", ".join(f"{name} {100 * v / max(verified, 1):.0f} %" for name, v in wins)
         return (
             f"{rounds / max(row['problems'], 1):.1f} rounds/problem, verified "
-            f"{100 * row['ensemble_rate'] * tokens / max(rounds, 1):.0f} %; won: {won}"
+            f"{100 * row['ensembled_rounds'] / max(rounds, 1):.0f} %; won: {won}"
         )
     return ""
 
@@ -236,7 +239,7 @@ def plot(rows: list[dict], out: Path, with_accuracy: bool) -> list[Path]:
         paths.append(save_figure(fig, out / "accuracy_vs_time.png"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.barh([r["label"] for r in rows], [100 * r["ensemble_rate"] for r in rows])
-    ax.set_xlabel("ensembled positions / output tokens (E/T, %)")
+    ax.set_xlabel("ensembled tokens / output tokens (E/T, %)")
     ax.invert_yaxis()
     paths.append(save_figure(fig, out / "ensemble_rate.png"))
     return paths

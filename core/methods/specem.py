@@ -265,9 +265,14 @@ class SpecEM(Method):
             winner.sync(base + chosen.text)
             tokens = max(winner.n_tokens - before[self.members.index(winner)], 0)
             if chosen.ended:
-                yield Commit(chosen.text, tokens + 1, "stop")  # the stop token is generated
+                commit = Commit(chosen.text, tokens + 1, "stop")  # the stop token is generated
+            else:
+                commit = Commit(chosen.text, max(tokens, 1))
+            if len(candidates) > 1:  # the vote chose every token of this round
+                request.stats.ensembled_tokens += commit.tokens
+            yield commit
+            if commit.finish:
                 return
-            yield Commit(chosen.text, max(tokens, 1))
 
     def _select(
         self,
@@ -282,7 +287,7 @@ class SpecEM(Method):
         names = [m.name for m in self.members]
         verified = len(candidates) > 1
         if verified:
-            request.stats.ensembled += 1
+            request.stats.ensembled_rounds += 1
             shares = self._verify(base, candidates)
         else:  # every drafter wrote the same: nothing to vote on
             request.stats.count("consensus")

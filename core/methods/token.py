@@ -118,7 +118,7 @@ class TokenEnsemble(Method):
         if float(probs.max()) <= 0:
             return None
         chosen = aligned.strings[request.sampler.pick_probs(probs)]
-        request.stats.ensembled += 1
+        request.stats.ensembled_tokens += 1
         request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
         return chosen
 

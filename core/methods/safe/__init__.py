@@ -231,7 +231,7 @@ class Safe(Method):
             self.members, self.drafter, readings, j, pos, at, request.sampler
         )
         request.emit(choice.event)
-        request.stats.ensembled += 1
+        request.stats.ensembled_tokens += 1
         if choice.string in choice.stops:
             return Commit(draft.head(pos), tokens + 1, "stop"), None
         if choice.string is None:
