@@ -131,7 +131,9 @@ def test_stop_read_as_text_is_ensembled(tiny_members):
     (its mass), the verifier agrees and the stop stands with no ensembling; read as text
     (stop_check="text": the authors' code decodes the drafter's "<|end|>" into the text), the
     verifier's own token there is its first token of "<|end|>", which it gives ~0, so SAFE
-    ensembles at the stop (and the ensemble stops)."""
+    ensembles at the stop; each member's stop is then a candidate of its own, spelled as its
+    text, and the verifier's "<|im_end|>" (all its mass) beats the drafter's "<|end|>" (0.9 of
+    its mass): the turn ends."""
     drafter = Scripted(tiny_members[0], [(TEXT, 0.9), (TEXT + " Done.", 0.1)], "bpe-script")
     verifier = Scripted(tiny_members[1], [TEXT], "spm-script")
     outs = {}
@@ -143,7 +145,7 @@ def test_stop_read_as_text_is_ensembled(tiny_members):
     assert outs["mass"].stats.ensembled_tokens == 0
     points = [e for e in outs["text"].events if isinstance(e, EnsemblePoint)]
     last = outs["text"].stats.tokens - 1
-    assert [(p.position, p.drafted, p.chosen) for p in points] == [(last, EOS, EOS)]
+    assert [(p.position, p.drafted, p.chosen) for p in points] == [(last, EOS, "<|im_end|>")]
     assert (
         outs["text"].stats.counts["skip_consensus"]
         == outs["mass"].stats.counts["skip_consensus"] - 1

@@ -30,18 +30,27 @@ proposer / scorer / acceptance):
 Every member is then synced back to the committed text (`Member.sync` does every rollback).
 
 Rules the paper leaves to its code are options; `preset="authors"` follows the authors'
-released code on each (docs/departures.md lists what each changes, measured):
-- `stop_check` ("mass" | "text"): how the drafter's stop is read (`scoring`).
-- `remap` ("likeliest" | "as-aligned"): how the ensemble's choice continues the drafter
-  (`drafting`).
-- `subtoken` ("first" | "nonblank"): UniTE's value for a string outside a member's top-k
-  (`core.alignment.SUBTOKEN_RULES`).
+released code (SAFE/safe_generate_unite.py, SAFE/safe_generate_gac.py) on each;
+docs/departures.md lists what each changes, measured:
+- `stop_check`: how the drafter's stop is read. "mass": as one event, the turn ending (in the
+  consensus check a verifier's own "token" there is its stop, with its stop mass; among the
+  ensemble's candidates one `EOS` carries each member's stop mass). "text" (authors): as the
+  text the code decodes it into ("<|end|>"): a verifier reads the first token of its own
+  tokenization of that text (`scoring`), and each member's stop is a candidate of its own,
+  spelled as its text; a winning stop text ends the turn (`core.alignment`).
+- `remap`: how the ensemble's choice continues the drafter (`drafting`). "likeliest": its own
+  likeliest token that starts with the chosen string. "as-aligned" (authors): the one id the
+  drafter's UniTE column was read from (GaC: the string's tokens), appended to the drafter's
+  own ids as they are, and the drafter redrafts from there at every ensemble point.
+- `subtoken` ("first" | "nonblank", authors): UniTE's value for a string outside a member's
+  top-k (`core.alignment.SUBTOKEN_RULES`).
 
 Other decisions the paper leaves open (research notes, safe.md section 6):
 - Boundaries are byte offsets, and a verifier's "own next token" is its next id in its
   canonical tokenization of committed text + draft (`scoring`). Probabilities are
   full-vocabulary softmaxes (greedy) or the sampler's distributions (sampling). "Above 1/2"
-  is strict: an average of exactly 1/2 may tie, so it is ensembled.
+  is strict: an average of exactly 1/2 may tie, so it is ensembled (the code skips it; it
+  takes a probability of exactly 0 or 1 to tie, which the testbed never gives).
 - E/T = ensemble points / output tokens (drafter tokenization, stop included); a point that
   keeps the drafted token counts. Every output token is an ensemble point or one skip reason.
 - GaC: its own gate (drafter probability >= 1/2 skips, "skip_gate") is checked first: it needs
@@ -145,7 +154,8 @@ class Safe(Method):
         self.preset = preset
         self.stop_check, self.remap, self.subtoken = (rules[k] for k in RULES)
         # shared by every request's copy: GaC's union and the byte indexes, built once
-        self.aggregator = Aggregator(Aligner(aggregator, top_k, self.subtoken), sharpen, threshold)
+        aligner = Aligner(aggregator, top_k, self.subtoken, stops_as_text=self.stop_check == "text")
+        self.aggregator = Aggregator(aligner, sharpen, threshold)
         self._indexes: dict[str, ByteIndex] = {}
 
     @property

@@ -208,11 +208,13 @@ class Likeliest:
 
 
 class AsAligned:
-    """remap="as-aligned", the authors' code: UniTE commits the ONE drafter id its column was
-    read from (its top-k id, else its sub-token), even when it spells only part of
-    the chosen string; GaC commits the string's own tokens."""
+    """remap="as-aligned", the authors' code: UniTE appends the ONE drafter id its column was
+    read from (its top-k id, else its sub-token), even when it spells only part of the chosen
+    string; GaC appends the string's own tokens. The drafter goes on from exactly those ids,
+    kept as they are (not re-read canonically), and every ensemble point ends the draft: the
+    drafter redrafts from there, even when the choice is the drafted token itself."""
 
-    redraft_on_same = False
+    redraft_on_same = True
 
     def __init__(self, drafter: Member, aligner: Aligner) -> None:
         self.drafter, self.aligner = drafter, aligner
@@ -222,5 +224,9 @@ class AsAligned:
         aligned_id = self.aligner.column_id(self.drafter, draft.positions[j].row, chosen)
         piece = vocab.strings[aligned_id] if aligned_id is not None else None
         if piece:
-            return Continuation(piece, aligned_id, 1)
-        return Continuation(chosen, None, max(1, len(vocab.encode(chosen))))  # GaC: its tokens
+            new = [aligned_id]
+        else:  # GaC: its tokens
+            piece, new = chosen, vocab.encode(chosen)
+        ids = self.drafter.ids[: draft.base] + draft.ids[:j] + new
+        token = new[0] if len(new) == 1 else None
+        return Continuation(piece, token, max(1, len(new)), ids)
