@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-AGGREGATIONS = ("arithmetic", "geometric")
+MEANS = ("arithmetic", "geometric")
 
 
 def normalised_weights(n: int, weights: Sequence[float] | None) -> torch.Tensor:
@@ -41,7 +41,7 @@ def combine(
         return arithmetic_mean(probs, weights)
     if how == "geometric":
         return geometric_mean(probs, weights)
-    raise ValueError(f"unknown aggregation {how!r}; use one of {AGGREGATIONS}")
+    raise ValueError(f"unknown mean {how!r}; use one of {MEANS}")
 
 
 # --------------------------------------------------------------------------------------------

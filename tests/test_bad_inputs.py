@@ -235,7 +235,7 @@ METHOD_OPTIONS = [
         "drafters needs at least 2 members"),
     row("single-member-unknown", method("single", member="gpt"), InvalidConfigError,
         "use an index 0..2 or a name ('tb-gpt2-bpe'"),
-    row("token-aggregation-unknown", method("token", aggregation="median"), InvalidConfigError,
+    row("token-mean-unknown", method("token", mean="median"), InvalidConfigError,
         "use one of 'arithmetic', 'geometric'"),
     row("token-top_k-zero", method("token", top_k=0), InvalidConfigError,
         "top_k must be >= 1 (an integer), got 0"),

@@ -35,13 +35,13 @@ def test_token_method_runs_and_reports_every_position(tiny_members, aggregator, 
     assert [e.to_dict()["name"] for e in points[:1]] == ["token_ensembled"]
 
 
-def test_geometric_aggregation_differs_from_arithmetic_somewhere(tiny_members):
+def test_geometric_mean_differs_from_arithmetic_somewhere(tiny_members):
     arithmetic = Ensemble(tiny_members, "token", aggregator="gac")
-    geometric = Ensemble(tiny_members, "token", aggregator="gac", aggregation="geometric")
+    geometric = Ensemble(tiny_members, "token", aggregator="gac", mean="geometric")
     a = arithmetic.generate(PROMPT, max_new_tokens=16)
     g = geometric.generate(PROMPT, max_new_tokens=16)
     assert a.stats.tokens and g.stats.tokens
-    assert geometric.summary()["aggregation"] == "geometric"
+    assert geometric.summary()["mean"] == "geometric"
     # the first position combines the same three distributions, only the mean differs
     assert a.events[0].top and a.events[0].top != g.events[0].top
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ..aggregate import AGGREGATIONS, combine
+from ..aggregate import MEANS, combine
 from ..alignment import GATE, Aligner, top_candidates
 from ..errors import InvalidConfigError
 from ..events import SkipGate, TokenEnsembled
@@ -31,10 +31,11 @@ PAPER_GATES = {"unite": None, "gac": GATE}  # gate="paper": each method as publi
 
 
 class TokenEnsemble(Method):
-    """Options: `aggregator` ("unite" | "gac"), `top_k` (UniTE's k), `aggregation`
-    ("arithmetic" | "geometric"), `weights` (per member), `gate` ("paper": GaC's 0.5 for "gac",
-    none for "unite"; a number in (0, 1): ensemble only where the first member's top probability
-    is at most that; None: every step), `subtoken` (UniTE's sub-token rule, SUBTOKEN_RULES)."""
+    """Options: `aggregator` ("unite" | "gac": how members align on strings), `top_k` (UniTE's
+    k), `mean` ("arithmetic" | "geometric": how their aligned distributions combine), `weights`
+    (per member), `gate` ("paper": GaC's 0.5 for "gac", none for "unite"; a number in (0, 1):
+    ensemble only where the first member's top probability is at most that; None: every step),
+    `subtoken` (UniTE's sub-token rule, `core.alignment.SUBTOKEN_RULES`)."""
 
     name = "token"
     min_members = 2
@@ -44,16 +45,16 @@ class TokenEnsemble(Method):
         members,
         aggregator: str = "unite",
         top_k: int = 10,
-        aggregation: str = "arithmetic",
+        mean: str = "arithmetic",
         weights: Sequence[float] | None = None,
         gate: float | str | None = "paper",
         subtoken: str = "nonblank",
     ) -> None:
         super().__init__(members)
-        check_choice("aggregation", aggregation, AGGREGATIONS)
+        check_choice("mean", mean, MEANS)
         top_k = check_int("top_k", top_k, low=1, example=10)
         self.aligner = Aligner(aggregator, top_k, subtoken)
-        self.aggregation = aggregation
+        self.mean = mean
         self.weights = _check_weights(weights, len(self.members))
         self.gate = PAPER_GATES[aggregator] if gate == "paper" else gate
         if self.gate is not None and (
@@ -114,7 +115,7 @@ class TokenEnsemble(Method):
         """The ensemble's string, or None where a request's grammar allows only tokens that
         spell part of a character (no string candidate exists)."""
         aligned = self.aligner.align(self.members, rows)
-        probs = combine(aligned.probs, self.aggregation, self.weights)
+        probs = combine(aligned.probs, self.mean, self.weights)
         if float(probs.max()) <= 0:
             return None
         chosen = aligned.strings[request.sampler.pick_probs(probs)]
@@ -141,7 +142,7 @@ class TokenEnsemble(Method):
         return {
             **super().summary(),
             "aggregator": self.aligner.aggregator,
-            "aggregation": self.aggregation,
+            "mean": self.mean,
             "gate": self.gate,
             "subtoken": self.aligner.subtoken,
         }

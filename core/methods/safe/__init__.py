@@ -24,7 +24,7 @@ proposer / scorer / acceptance):
 - the verifiers' scoring (`scoring.Readings`): where each position sits in each verifier's
   tokens, and what each verifier says there;
 - the skip rules (this module: `consensus`, the OOV-like check, GaC's gate);
-- the aggregator (`ensembling.Aggregator`): P_ens and its choice, which the `remap` rule
+- the ensemble step (`ensembling.Ensembler`): P_ens and its choice, which the `remap` rule
   (`drafting.Likeliest` / `drafting.AsAligned`) continues onto the drafter.
 
 Every member is then synced back to the committed text (`Member.sync` does every rollback).
@@ -92,7 +92,7 @@ from .drafting import (
     Position,
     Proposer,
 )
-from .ensembling import Aggregator
+from .ensembling import Ensembler
 from .heal import HEALED, HealCycle, NoHeal
 from .scoring import STOP_CHECKS, Readings, drafter_own
 
@@ -154,8 +154,9 @@ class Safe(Method):
         self.preset = preset
         self.stop_check, self.remap, self.subtoken = (rules[k] for k in RULES)
         # shared by every request's copy: GaC's union and the byte indexes, built once
+        self.aggregator = aggregator
         aligner = Aligner(aggregator, top_k, self.subtoken, stops_as_text=self.stop_check == "text")
-        self.aggregator = Aggregator(aligner, sharpen, threshold)
+        self.ensembler = Ensembler(aligner, sharpen, threshold)
         self._indexes: dict[str, ByteIndex] = {}
 
     @property
@@ -174,8 +175,8 @@ class Safe(Method):
             "drafter": self.members[self.drafter].name,
             "lookahead": self.lookahead,
             "max_lookahead": self.max_lookahead,
-            "aggregator": self.aggregator.aligner.aggregator,
-            "sharpen": self.aggregator.sharpening,
+            "aggregator": self.aggregator,
+            "sharpen": self.ensembler.sharpening,
             "heal": "oov" if self.heal and not self.heal_spans else self.heal,
             "preset": self.preset,
             **{k: getattr(self, k) for k in RULES},
@@ -195,8 +196,8 @@ class Safe(Method):
             if draft.text is None:  # bytes no verifier can read: taken as the drafter wrote them
                 commit = self._unverifiable(request, draft)
             else:
-                commit, keep = self._verify(request, draft, remap)  # Verify, Ensemble
-                self._settle(draft, commit, keep)
+                commit, drafter_ids = self._verify(request, draft, remap)  # Verify, Ensemble
+                self._settle(draft, commit, drafter_ids)
                 proposer.update(accepted_whole=commit.text == draft.tail)
             yield commit
             if commit.finish:
@@ -237,7 +238,7 @@ class Safe(Method):
         keeps the drafted token (or no whole string is allowed in its place)."""
         pos = draft.positions[j]
         at = draft.start + tokens
-        choice = self.aggregator.choose(
+        choice = self.ensembler.choose(
             self.members, self.drafter, readings, j, pos, at, request.sampler
         )
         request.emit(choice.event)
@@ -251,7 +252,7 @@ class Safe(Method):
             return None
         if then.tokens > 1:
             request.stats.count(EXTRA_TOKENS, then.tokens - 1)
-        return Commit(draft.head(pos) + then.text, tokens + then.tokens), then.ids
+        return Commit(draft.head(pos) + then.text, tokens + then.tokens), then.drafter_ids
 
     # --- the skip rules -----------------------------------------------------------------------
 
@@ -262,7 +263,7 @@ class Safe(Method):
         cannot be read there (OOV-like), or consensus. None: ensemble here."""
         drafter = self.members[self.drafter]
         own_d = drafter_own(pos, drafter, request.sampler, self.stop_check)
-        if self.aggregator.aligner.aggregator == "gac" and own_d >= GATE:  # no verifier needed
+        if self.aggregator == "gac" and own_d >= GATE:  # no verifier needed
             return SkipGate(at, drafter.name, own_d)
         for i in self.verifiers:
             if not readings.readable(i, j):
@@ -295,7 +296,7 @@ class Safe(Method):
     def _remap(self) -> Likeliest | AsAligned:
         drafter = self.members[self.drafter]
         if self.remap == "as-aligned":
-            return AsAligned(drafter, self.aggregator.aligner)
+            return AsAligned(drafter, self.ensembler.aligner)
         return Likeliest(drafter, self._index(self.drafter))
 
     def _readings(self, request: Request, draft: Draft) -> Readings:
@@ -315,10 +316,10 @@ class Safe(Method):
             self._indexes[member.name] = ByteIndex(member.vocab, member.stop_ids)
         return self._indexes[member.name]
 
-    def _settle(self, draft: Draft, commit: Commit, keep: list[int] | None) -> None:
-        """Every member back to the committed text (the drafter to the ids `keep`, if any)."""
-        if keep is not None:
-            self.members[self.drafter].sync_ids(keep)
+    def _settle(self, draft: Draft, commit: Commit, drafter_ids: list[int] | None) -> None:
+        """Every member back to the committed text (the drafter to `drafter_ids`, if given)."""
+        if drafter_ids is not None:
+            self.members[self.drafter].sync_ids(drafter_ids)
         for member in self.members:
             member.sync(draft.committed + commit.text)
 

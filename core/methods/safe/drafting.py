@@ -178,7 +178,7 @@ class Continuation:
     text: str  # the choice's text as the drafter writes it
     token: int | None  # the drafter id it is (None: a string, not one drafter token)
     tokens: int  # output tokens it counts for
-    ids: list[int] | None = None  # the drafter's response ids to keep as they are (as-aligned)
+    drafter_ids: list[int] | None = None  # the drafter's response ids, as they are (as-aligned)
 
 
 class Likeliest:

@@ -1,4 +1,4 @@
-"""SAFE's aggregator: P_ens at one drafted position, and its choice.
+"""SAFE's ensemble step: P_ens at one drafted position, and its choice.
 
 The drafter's row and each verifier's row at the aligned boundary are aligned on candidate
 strings (`core.alignment`: UniTE's top-k union, or GaC's full union restricted to the members'
@@ -31,7 +31,7 @@ class Choice:
     stops: frozenset[str]  # the candidate strings that end the turn
 
 
-class Aggregator:
+class Ensembler:
     """UniTE or GaC over the members' aligned rows, with SAFE's sharpening (`sharpen`:
     "heuristic" with `threshold`, "geometric", or None)."""
 
