@@ -5,24 +5,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
 
 from ..errors import EnsembleError, InvalidConfigError
-
-
-def parse_value(value: str) -> Any:
-    """A command-line value as Python: None, a bool, an int, a float, else the string."""
-    lowered = value.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
 
 
 def _command(args: argparse.Namespace) -> str:
