@@ -120,3 +120,27 @@ def test_prompt_prefix_is_reused_across_requests(tiny_members):
     member.start(MESSAGES)  # same prompt: the cached prompt stays valid
     member.logprobs([0])
     assert member.calls == before + 1  # recomputes only the last prompt row
+
+
+@pytest.mark.parametrize("family", [0, 1, 2], ids=["bpe", "spm", "word"])
+@settings(max_examples=15, deadline=None)
+@given(pieces=st.lists(st.sampled_from(WORDS), min_size=1, max_size=8), back=st.integers(0, 6))
+def test_sync_ids_keeps_ids_as_given_and_cache_exact(tiny_members, family, pieces, back):
+    """`sync_ids` makes the response exactly the ids given, one token per piece here (not the
+    tokenizer's own spelling of their text): its text is theirs, the cache matches a fresh
+    forward, rolling back to a prefix of them keeps them, and a `sync` to the same text keeps
+    them too."""
+    member = tiny_members[family]
+    member.start(MESSAGES)
+    member.sync("Tom")
+    vocab = member.vocab
+    ids = member.ids + [i for p in pieces for i in vocab.encode(p)[:1] if vocab.strings[i]]
+    member.sync_ids(ids)
+    text = vocab.decode_bytes(ids).decode("utf-8")
+    assert member.ids == ids and member.text == text
+    assert torch.allclose(member.logprobs([member.n_tokens])[0], _fresh_logprobs(member), atol=1e-4)
+    kept = ids[: max(1, len(ids) - back)]
+    member.sync_ids(kept)
+    member.sync(vocab.decode_bytes(kept).decode("utf-8"))
+    assert member.ids == kept
+    assert torch.allclose(member.logprobs([member.n_tokens])[0], _fresh_logprobs(member), atol=1e-4)

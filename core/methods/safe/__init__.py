@@ -148,7 +148,6 @@ class Safe(Method):
         self.drafter = pick_member(self.members, drafter, "drafter")
         self.lookahead = lookahead
         self.max_lookahead = max_lookahead or lookahead
-        self.top_k = top_k
         self.heal = heal is not False
         self.heal_spans = heal is True  # "oov": not where a verifier's token ends inside ours
         self.preset = preset
