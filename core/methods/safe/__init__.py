@@ -86,11 +86,13 @@ from ..base import Commit, Method, Request, check_choice, pick_member
 from .drafting import (
     AsAligned,
     Draft,
+    DraftLength,
     FixedLength,
     GrowingLength,
     Likeliest,
     Position,
     Proposer,
+    Remap,
 )
 from .ensembling import Ensembler
 from .heal import HEALED, HealCycle, NoHeal
@@ -203,7 +205,7 @@ class Safe(Method):
                 return
 
     def _verify(
-        self, request: Request, draft: Draft, remap: Likeliest | AsAligned
+        self, request: Request, draft: Draft, remap: Remap
     ) -> tuple[Commit, list[int] | None]:
         """The earliest position no skip rule covers is ensembled, and the choice ends the
         commit there (unless it keeps the drafted token: the scan goes on); no such position:
@@ -229,7 +231,7 @@ class Safe(Method):
         request: Request,
         draft: Draft,
         readings: Readings,
-        remap: Likeliest | AsAligned,
+        remap: Remap,
         j: int,
         tokens: int,
     ) -> tuple[Commit, list[int] | None] | None:
@@ -287,12 +289,12 @@ class Safe(Method):
 
     # --- the parts, per request -------------------------------------------------------------
 
-    def _draft_length(self) -> FixedLength | GrowingLength:
+    def _draft_length(self) -> DraftLength:
         if self.max_lookahead > self.lookahead:
             return GrowingLength(self.lookahead, self.max_lookahead)
         return FixedLength(self.lookahead)
 
-    def _remap(self) -> Likeliest | AsAligned:
+    def _remap(self) -> Remap:
         drafter = self.members[self.drafter]
         if self.remap == "as-aligned":
             return AsAligned(drafter, self.ensembler.aligner)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -63,6 +64,15 @@ class Draft:
         return data[len(self.committed.encode("utf-8")) : pos.boundary].decode("utf-8")
 
 
+class DraftLength(Protocol):
+    """The draft-length strategy: how long the next draft is, told after every draft whether
+    it was accepted whole (no position replaced)."""
+
+    size: int
+
+    def update(self, accepted_whole: bool) -> None: ...
+
+
 class FixedLength:
     """The paper: every draft is `lookahead` tokens."""
 
@@ -87,9 +97,9 @@ class GrowingLength:
 
 
 class Proposer:
-    """The drafter and its draft-length strategy (`FixedLength` or `GrowingLength`)."""
+    """The drafter and its draft-length strategy."""
 
-    def __init__(self, drafter: Member, length: FixedLength | GrowingLength) -> None:
+    def __init__(self, drafter: Member, length: DraftLength) -> None:
         self.drafter, self.length = drafter, length
 
     def propose(self, request: Request) -> Draft | None:
@@ -179,6 +189,15 @@ class Continuation:
     token: int | None  # the drafter id it is (None: a string, not one drafter token)
     tokens: int  # output tokens it counts for
     drafter_ids: list[int] | None = None  # the drafter's response ids, as they are (as-aligned)
+
+
+class Remap(Protocol):
+    """How an ensemble's choice at position j continues the drafter (the `remap` rule);
+    `redraft_on_same`: a choice that is the drafted token still ends the draft."""
+
+    redraft_on_same: bool
+
+    def continuation(self, draft: Draft, j: int, chosen: str, sampler: Sampler) -> Continuation: ...
 
 
 class Likeliest:
