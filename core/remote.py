@@ -59,8 +59,9 @@ from .errors import (
     TokenizerMismatchError,
 )
 from .http import AnswerTooLarge, Client, tls_context
-from .loading import _TOKENIZER_PROBE, load_tokenizer
-from .member import Draft, Member, _common_prefix
+from .kv import common_prefix
+from .loading import TOKENIZER_PROBE, load_tokenizer
+from .member import Draft, Member
 from .sampling import Sampler
 from .vocab import Vocab, stop_logprob
 
@@ -331,7 +332,7 @@ class RemoteMember(Member):
         return wanted, (len(rows[0]) if wanted == -1 else None)
 
     def _check_tokenizer(self) -> None:
-        texts = [_TOKENIZER_PROBE]
+        texts = [TOKENIZER_PROBE]
         greeting = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
         # the rendered template checks the special tokens' ids too; no template: `start` says so
         with contextlib.suppress(ChatTemplateError):
@@ -347,7 +348,7 @@ class RemoteMember(Member):
                 read=answers.tokens,
             )
             if here != there:
-                i = _common_prefix(here, there)
+                i = common_prefix(here, there)
                 raise TokenizerMismatchError(
                     f"member {self.name!r}: the server at {self.base_url} tokenizes differently "
                     f"from the tokenizer loaded here from {self.source!r} (first difference at "
