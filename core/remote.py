@@ -30,6 +30,11 @@ evenly; argmaxes (greedy drafting, SAFE's agreement checks) stay exact. Raw logi
 Nothing is cached here but the last rows asked for: the server's prefix cache
 (`--enable-prefix-caching`, on by default in vLLM) is the remote counterpart of the in-process
 KV cache.
+
+The server is trusted for its numbers, not for their form: every answer is checked
+(`core.vllm_answers`) before it is read, each request has one deadline and a size cap
+(`core.http`), and credentials never leave a `Secret` but in the request headers
+(`core.credentials`).
 """
 
 from __future__ import annotations
@@ -67,7 +72,6 @@ from .vocab import Vocab, stop_logprob
 
 _RETRYABLE = (  # the server is (re)starting or went away: trying again may help
     httpx.ConnectError,
-    httpx.ConnectTimeout,
     httpx.ReadError,
     httpx.WriteError,
     httpx.RemoteProtocolError,
