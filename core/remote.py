@@ -483,8 +483,12 @@ class RemoteMember(Member):
     ) -> list[dict[int, float]]:
         """The next-token row after each prompt, as {id: log-prob}, its ids below `size` (or,
         `own_length`, below the row's length: a full row before the vocabulary is known)."""
-        body = {"prompt": prompts, "max_tokens": 1, "logprobs": k}
-        body["return_tokens_as_token_ids"] = True
+        body = {
+            "prompt": prompts,
+            "max_tokens": 1,
+            "logprobs": k,
+            "return_tokens_as_token_ids": True,
+        }
         bound = None if own_length else size
         return self._complete(
             body,
