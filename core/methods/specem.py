@@ -160,6 +160,18 @@ class _Candidate:
     authors: list[int] = field(default_factory=list)  # drafter positions (in self.drafters)
 
 
+@dataclass
+class _Scores:
+    """One round's verification: shares[member, candidate], the same per drafter
+    (matrix[member, column], column j drafted by member authors[j]), and whether there was
+    anything to verify (more than one distinct candidate)."""
+
+    shares: torch.Tensor
+    matrix: torch.Tensor
+    authors: list[int]
+    verified: bool
+
+
 class SpecEM(Method):
     """Options: `segment_tokens` (L, tokens per draft), `drafters` (indices or names; all members
     verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off), `lr`,
@@ -260,7 +272,9 @@ class SpecEM(Method):
             if not candidates:  # nobody could add text (context windows full)
                 yield Commit("", 0, "length")
                 return
-            chosen, winner = self._select(request, round_, base, candidates, state)
+            scores = self._verify(request, base, candidates)  # every member scores them all
+            self._learn(request, round_, scores, state)  # online feedback on the weights
+            chosen, winner = self._vote(request, round_, candidates, scores, state)
             # The winner keeps its own draft tokens: sync finds them still spelling the text.
             winner.sync(base + chosen.text)
             tokens = max(winner.n_tokens - before[self.members.index(winner)], 0)
@@ -268,27 +282,19 @@ class SpecEM(Method):
                 commit = Commit(chosen.text, tokens + 1, "stop")  # the stop token is generated
             else:
                 commit = Commit(chosen.text, max(tokens, 1))
-            if len(candidates) > 1:  # the vote chose every token of this round
+            if scores.verified:  # the vote chose every token of this round
                 request.stats.ensembled_tokens += commit.tokens
             yield commit
             if commit.finish:
                 return
 
-    def _select(
-        self,
-        request: Request,
-        round_: int,
-        base: str,
-        candidates: list[_Candidate],
-        state: Feedback,
-    ) -> tuple[_Candidate, Member]:
-        """Verify the candidates, learn from the scores, vote: the round's winning candidate
-        and the member that drafted it (the first of its authors)."""
-        names = [m.name for m in self.members]
+    def _verify(self, request: Request, base: str, candidates: list[_Candidate]) -> _Scores:
+        """Every member's normalised scores of every distinct candidate (verify-in-line); a
+        round where every drafter wrote the same has nothing to verify."""
         verified = len(candidates) > 1
         if verified:
             request.stats.ensembled_rounds += 1
-            shares = self._verify(base, candidates)
+            shares = self._shares(base, candidates)
         else:  # every drafter wrote the same: nothing to vote on
             request.stats.count("consensus")
             shares = torch.ones(len(self.members), 1, dtype=torch.float64)
@@ -296,24 +302,41 @@ class SpecEM(Method):
         columns = sorted((a, c) for c, cand in enumerate(candidates) for a in cand.authors)
         matrix = shares[:, [c for _, c in columns]]
         authors = [self.drafters[a] for a, _ in columns]
-        if self.feedback and verified:
-            rewards = win_rates(matrix, authors)
+        return _Scores(shares, matrix, authors, verified)
+
+    def _learn(self, request: Request, round_: int, scores: _Scores, state: Feedback) -> None:
+        """Online feedback: a member gains weight when the OTHER verifiers prefer its draft."""
+        names = [m.name for m in self.members]
+        if self.feedback and scores.verified:
+            rewards = win_rates(scores.matrix, scores.authors)
             state.update(rewards, self.lr)
             rewarded = dict(zip(names, rewards.tolist(), strict=True))
             request.emit(WeightsUpdated(round_, state.named(names), rewarded))
         elif self.feedback and self.schedule == "rounds":
             state.tick()
         request.stats.weights = state.named(names)
-        totals = (state.weights[:, None] * shares).sum(0).tolist()
+
+    def _vote(
+        self,
+        request: Request,
+        round_: int,
+        candidates: list[_Candidate],
+        scores: _Scores,
+        state: Feedback,
+    ) -> tuple[_Candidate, Member]:
+        """The weighted vote: the round's winning candidate and the member that drafted it
+        (the first of its authors)."""
+        names = [m.name for m in self.members]
+        totals = (state.weights[:, None] * scores.shares).sum(0).tolist()
         chosen = candidates[max(range(len(candidates)), key=lambda c: (totals[c], -c))]
         winner = self.members[self.drafters[chosen.authors[0]]]
-        if verified:
+        if scores.verified:
             request.stats.count(f"won/{winner.name}")
-        scores = {
-            names[v]: {names[d]: float(matrix[v, j]) for j, d in enumerate(authors)}
+        table = {
+            names[v]: {names[d]: float(scores.matrix[v, j]) for j, d in enumerate(scores.authors)}
             for v in range(len(self.members))
         }
-        request.emit(SegmentSelected(round_, winner.name, chosen.text, scores, state.named(names)))
+        request.emit(SegmentSelected(round_, winner.name, chosen.text, table, state.named(names)))
         return chosen, winner
 
     def _draft_sampler(self, request: Request) -> Sampler:
@@ -349,8 +372,8 @@ class SpecEM(Method):
             found[text, draft.stopped].authors.append(a)
         return list(found.values())
 
-    def _verify(self, base: str, candidates: list[_Candidate]) -> torch.Tensor:
-        """shares[member, candidate]: each member's normalised scores (verify-in-line)."""
+    def _shares(self, base: str, candidates: list[_Candidate]) -> torch.Tensor:
+        """shares[member, candidate]: each member's normalised scores, in one pass each."""
         texts = [c.text for c in candidates]
         ends = [c.ended for c in candidates]
 
