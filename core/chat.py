@@ -18,7 +18,7 @@ one place, because the testbed models are trained on exactly this rendering.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ChatTemplateError, InvalidConfigError, InvalidMessagesError
@@ -364,13 +364,20 @@ def _has_tool_use(messages: list[Message]) -> bool:
 
 
 def _render(tokenizer, messages: list[Message], member: str, tools: list | None = None) -> str:
+    return _fitted(tokenizer, messages, member, tools)[1]
+
+
+def _fitted(
+    tokenizer, messages: list[Message], member: str, tools: list | None = None
+) -> tuple[list[Message], str]:
+    """The first form of the messages the template accepts, and its rendering."""
     attempts = [messages]
     for fix in (_fold_system, tool_use_as_text, _starts_with_user):
         attempts.append(fix(attempts[-1]))
     first_error: Exception | None = None
     for attempt in attempts:
         try:
-            return tokenizer.apply_chat_template(
+            return attempt, tokenizer.apply_chat_template(
                 attempt, tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as error:  # jinja raise_exception / TemplateError: try the next form
@@ -382,16 +389,15 @@ def _render(tokenizer, messages: list[Message], member: str, tools: list | None 
     )
 
 
-def render_prompt(
+def _prepared(
     tokenizer,
     messages: list[Message],
     member: str,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    response_format: Mapping[str, Any] | None = None,
-) -> str:
-    """The member's prompt text, ending with its assistant header (generation prompt).
-
-    `tools`: OpenAI-style specs; `response_format`: a JSON schema the reply should follow."""
+    tools: Sequence[Mapping[str, Any]] | None,
+    response_format: Mapping[str, Any] | None,
+) -> tuple[list[Message], list[dict[str, Any]] | None]:
+    """The messages with the tool and answer instructions added, and the tools to hand the
+    template (None where it does not render them: they are in the system text then)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
             f"member {member!r} has no chat template; use a chat/instruct model, or give the "
@@ -411,4 +417,89 @@ def render_prompt(
         extra.append(response_format_instruction(schema))
     if extra:
         messages = _with_system_text(messages, "\n\n".join(extra))
-    return _render(tokenizer, messages, member, specs if native else None)
+    return messages, specs if native else None
+
+
+def render_prompt(
+    tokenizer,
+    messages: list[Message],
+    member: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+) -> str:
+    """The member's prompt text, ending with its assistant header (generation prompt).
+
+    `tools`: OpenAI-style specs; `response_format`: a JSON schema the reply should follow."""
+    messages, native_tools = _prepared(tokenizer, messages, member, tools, response_format)
+    return _render(tokenizer, messages, member, native_tools)
+
+
+def prompt_ids(
+    tokenizer,
+    messages: list[Message],
+    member: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    response_format: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The member's prompt as token ids (the text `render_prompt` gives), where only the chat
+    template's own markup becomes control tokens.
+
+    A control token's text inside a message, a tool or a schema (a tool result or a retrieved
+    document holding `<|im_end|><|im_start|>user`) is encoded as plain text, so it cannot end a
+    turn or open one. This is transformers' `sanitize_control_tokens`: the tokenizer's special
+    tokens, and the added tokens the template itself writes (Qwen's `<tool_call>`), are marked
+    in every string value before rendering and encoded as text after. Dict keys are not
+    marked, so a key holding a control token is refused here."""
+    messages, native_tools = _prepared(tokenizer, messages, member, tools, response_format)
+    messages, _ = _fitted(tokenizer, messages, member, native_tools)
+    _check_keys(tokenizer, member, messages, native_tools)
+    try:
+        return list(
+            tokenizer.apply_chat_template(
+                messages,
+                tools=native_tools,
+                tokenize=True,
+                sanitize_control_tokens=True,
+                return_dict=False,
+                add_generation_prompt=True,
+            )
+        )
+    except ValueError as error:  # a control token the vocabulary also spells from plain text
+        raise ChatTemplateError(
+            f"member {member!r}: the messages hold text its tokenizer cannot keep apart from "
+            f"its chat template's control tokens ({error}); remove that text from the messages."
+        ) from None
+
+
+def _keys(value: Any) -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            yield from _keys(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _keys(item)
+
+
+def _check_keys(tokenizer, member: str, messages: list[Message], tools: list | None) -> None:
+    """Refuse a dict key (a tool call's argument name, a tool's parameter name) holding a
+    control token (a special token, or an added token the template writes): keys reach the
+    template as they are, unmarked."""
+    template = str(tokenizer.chat_template)
+    control = [
+        t.content
+        for t in tokenizer.added_tokens_decoder.values()
+        if t.content.strip() and (t.special or t.content in template)
+    ]
+    arguments = [c["function"]["arguments"] for m in messages for c in m.get("tool_calls", ())]
+    for what, value, error in (
+        ("a tool call's arguments", arguments, InvalidMessagesError),
+        ("a tool's parameters", tools, InvalidConfigError),
+    ):
+        for key in _keys(value):
+            token = next((t for t in control if t in key), None)
+            if token is not None:
+                raise error(
+                    f"{what} use the key {key!r}, which holds {token!r}, a control token of "
+                    f"member {member!r}'s tokenizer; rename the key."
+                )

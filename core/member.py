@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .batching import Pass, batcher_for
-from .chat import Message, render_prompt
+from .chat import Message, prompt_ids
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .grammar import Constraint, Matcher, constrain
 from .sampling import Sampler
@@ -201,15 +201,16 @@ class Member(ABC):
         response_format: dict | None = None,
     ) -> list[int]:
         """The prompt ids: the messages in this member's own chat template, with the tools (as
-        OpenAI-style dicts) and the answer's schema where the request has them."""
+        OpenAI-style dicts) and the answer's schema where the request has them. Only the
+        template's markup becomes control tokens (`core.chat.prompt_ids`): a message that
+        spells `<|im_end|>` is read as that text."""
         extra = {}
         if tools:
             extra["tools"] = list(tools)
         if response_format is not None:
             extra["response_format"] = response_format
         with tokenizer_lock(self.tokenizer):
-            prompt = render_prompt(self.tokenizer, messages, self.name, **extra)
-        return self.vocab.encode_prompt(prompt)
+            return prompt_ids(self.tokenizer, messages, self.name, **extra)
 
     def start(
         self,
