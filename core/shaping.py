@@ -15,7 +15,8 @@ from .tools import InvalidToolCall, ToolCall, ToolCallStream
 
 class ResponseShaper:
     def __init__(self, config: GenerationConfig) -> None:
-        self.calls = ToolCallStream() if config.calls_tools else None
+        offered = [tool.name for tool in config.tools]
+        self.calls = ToolCallStream(offered) if config.calls_tools else None
         self.stops = StopFilter(() if config.response_format is not None else config.stop)
 
     @property

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import re
 import secrets
 from collections.abc import Sequence
@@ -280,20 +281,73 @@ class InvalidToolCall:
 
 
 _NAME_IN_BROKEN_JSON = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
+MAX_ARGUMENT_DEPTH = 64  # nesting a call's arguments may have (deeper: an invalid call)
 
 
-def _parse_call(body: str) -> ToolCall | InvalidToolCall:
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # past Python's limit on digits
+        raise ValueError(f"a number of {len(text)} digits is too long to read") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:20]} is out of range")
+    return value
+
+
+# JSON as the standard reads it: NaN and Infinity refused, and numbers past a float's range or
+# Python's limit on digits
+_STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite, parse_int=_integer)
+
+
+def _read_json(text: str, start: int = 0) -> tuple[Any, int]:
+    """`raw_decode` of standard JSON whose every failure is a `ValueError` (a JSONDecodeError
+    for malformed text): a 5,000-digit number and nesting deeper than Python can recurse
+    included."""
+    try:
+        return _STRICT.raw_decode(text, start)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and dicts nest in `value` (without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend(
+                (x, level + 1) for x in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
+def _parse_call(body: str, offered: frozenset[str] | None) -> ToolCall | InvalidToolCall:
     raw = body.strip()
     guessed = _NAME_IN_BROKEN_JSON.search(raw)
     name_hint = guessed.group(1) if guessed else None
     try:
-        data = json.loads(raw)
+        data, end = _read_json(raw)
+        if raw[end:].strip():
+            raise json.JSONDecodeError("Extra data", raw, end)
     except json.JSONDecodeError as error:
         return InvalidToolCall(
             new_call_id(),
             name_hint,
             raw,
             f"the call is not valid JSON ({error.msg} at {error.pos})",
+        )
+    except ValueError as error:
+        return InvalidToolCall(
+            new_call_id(), name_hint, raw, f"the call is not valid JSON: {error}"
         )
     if not isinstance(data, dict):
         return InvalidToolCall(
@@ -305,31 +359,44 @@ def _parse_call(body: str) -> ToolCall | InvalidToolCall:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         return InvalidToolCall(new_call_id(), None, raw, 'the call has no "name"')
+    if offered is not None and name not in offered:
+        listed = ", ".join(repr(n) for n in sorted(offered)) or "none"
+        return InvalidToolCall(
+            new_call_id(), name, raw, f"the tool {name!r} was not offered (offered: {listed})"
+        )
     arguments = data.get("arguments", data.get("parameters", {}))  # Llama 3 says "parameters"
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        with contextlib.suppress(json.JSONDecodeError):
-            arguments = json.loads(arguments)
+        with contextlib.suppress(ValueError):
+            decoded, end = _read_json(arguments.strip())
+            if not arguments.strip()[end:].strip():
+                arguments = decoded
     if not isinstance(arguments, dict):
         return InvalidToolCall(new_call_id(), name, raw, '"arguments" must be a JSON object')
+    if _depth(arguments) > MAX_ARGUMENT_DEPTH:
+        return InvalidToolCall(
+            new_call_id(),
+            name,
+            raw,
+            f'"arguments" nest deeper than {MAX_ARGUMENT_DEPTH} levels',
+        )
     return ToolCall(new_call_id(), name, arguments)
-
-
-_JSON = json.JSONDecoder()
 
 
 def _region_end(body: str) -> int:
     """Where the call region that `body` starts ends (the index of its closing tag), or -1 while
     it is still open. A call is one JSON object then the tag, so the object is read first: a
-    string inside it may well contain the tag's text. Text that is not such an object ends at
-    the first tag."""
+    string inside it may well contain the tag's text. Text that is not such an object (or JSON
+    too deep or too large to read) ends at the first tag."""
     start = len(body) - len(body.lstrip())
     if not body.startswith("{", start):  # not a call: the first tag ends it
         return body.find(TOOL_CALL_END)
     try:
-        _, after = _JSON.raw_decode(body, start)
+        _, after = _read_json(body, start)
     except json.JSONDecodeError as error:
         if error.pos >= len(body.rstrip()) or error.msg.startswith("Unterminated"):
             return -1  # the object is still being written
+        return body.find(TOOL_CALL_END)
+    except ValueError:
         return body.find(TOOL_CALL_END)
     close = len(body[after:]) - len(body[after:].lstrip())
     if body.startswith(TOOL_CALL_END, after + close):
@@ -345,10 +412,12 @@ class ToolCallStream:
     to a region (the separators between calls) is not content. A suffix that could still become
     `<tool_call>`, and whitespace that could precede one, is held back until the next piece
     shows what it is (as `core.stops` does for stop strings). `finish()` flushes; a region that
-    never closed (the response hit max_tokens) becomes an `InvalidToolCall`.
+    never closed (the response hit max_tokens) becomes an `InvalidToolCall`, and so does a call
+    of a tool outside `offered` (when given: the names of the tools the request offered).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, offered: Sequence[str] | None = None) -> None:
+        self._offered = None if offered is None else frozenset(offered)
         self._buffer = ""
         self._in_call = False
         self._after_call = False  # whitespace right after a region is a separator
@@ -376,7 +445,7 @@ class ToolCallStream:
                         calls.append(self._cut_off(self._buffer))
                         self._buffer, self._in_call = "", False
                     break
-                calls.append(_parse_call(self._buffer[:end]))
+                calls.append(_parse_call(self._buffer[:end], self._offered))
                 self._buffer = self._buffer[end + len(TOOL_CALL_END) :]
                 self._in_call, self._after_call = False, True
                 continue
@@ -416,9 +485,11 @@ class ToolCallStream:
         )
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
+def parse_tool_calls(
+    text: str, offered: Sequence[str] | None = None
+) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
     """Content, calls and invalid calls of a whole response (the same as streaming it)."""
-    stream = ToolCallStream()
+    stream = ToolCallStream(offered)
     content, found = stream.feed(text)
     rest, more = stream.finish()
     found += more
