@@ -5,11 +5,18 @@ model), up to `max_concurrency` at a time. Beyond that a request waits in a queu
 `max_queue` requests, for at most `queue_timeout` seconds; a full queue or a timeout is an
 `EnsembleBusyError` at once, never a hang. A request started from inside another one on the
 same thread (a `generate` in an `on_event` callback) does not queue behind its own parent.
+
+A stream that was dropped without being closed frees its slot when Python collects it: at once
+when nothing refers to it, at the next garbage collection when it sits in a reference cycle
+(an object holding the stream that the stream's callback holds, say). So a request that finds
+every slot taken first runs a collection (at most one a second), and so does a waiting one
+each second: a slot held only by garbage is never what makes a request wait or fail.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -22,6 +29,7 @@ from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
+_RECLAIM_SECONDS = 1.0  # at most one garbage collection this often, when every slot is taken
 _MEMORY_SHARE = 0.5  # of the memory free at load time, what concurrent requests' caches may use
 
 
@@ -35,6 +43,7 @@ class Admission:
         self._waiting = 0
         self._quick = False  # this admission holds the quick switch interval
         self._inside = threading.local()  # set while this thread runs one of our requests
+        self._reclaimed = -_RECLAIM_SECONDS  # when a full admission last collected garbage
 
     @property
     def running(self) -> int:
@@ -73,12 +82,34 @@ class Admission:
         finally:
             self._inside.depth = outer
 
+    def _reclaim(self) -> None:
+        """Every slot is taken: collect garbage (at most once a second), so streams dropped in
+        a reference cycle run their finalisers and free their slots now."""
+        now = time.monotonic()
+        if now - self._reclaimed >= _RECLAIM_SECONDS:
+            self._reclaimed = now
+            gc.collect()
+
+    def _take(self) -> bool:
+        """Take a free slot if there is one (called under the lock)."""
+        if self._running >= self.max_concurrency:
+            return False
+        self._running += 1
+        self._follow_load()
+        return True
+
     def _acquire(self) -> None:
         nested = getattr(self._inside, "depth", 0) > 1  # this request runs inside another
         with self._changed:
-            if nested or self._running < self.max_concurrency:
+            if nested:
                 self._running += 1
                 self._follow_load()
+                return
+            if self._take():
+                return
+        self._reclaim()  # outside the lock: a collected stream takes it to free its slot
+        with self._changed:
+            if self._take():
                 return
             if self._waiting >= self.max_queue:
                 raise EnsembleBusyError(
@@ -88,18 +119,21 @@ class Admission:
                     "max_queue when building the Ensemble."
                 )
             self._waiting += 1
-            deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
-            try:
-                with request_threads.parked():  # waiting for a slot: no pass will come from it
-                    self._wait_for_slot(deadline)
-                self._running += 1
-                self._follow_load()
-            finally:
+        deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
+        try:
+            with request_threads.parked():  # waiting for a slot: no pass will come from it
+                while not self._wait_for_slot(deadline):
+                    self._reclaim()
+        finally:
+            with self._changed:
                 self._waiting -= 1
 
-    def _wait_for_slot(self, deadline: float | None) -> None:
-        """Under the lock, until a slot is free (or the queue timeout has passed)."""
-        while self._running >= self.max_concurrency:
+    def _wait_for_slot(self, deadline: float | None) -> bool:
+        """Wait up to a second for a free slot and take it (False: none yet); past the queue
+        timeout, `EnsembleBusyError`."""
+        with self._changed:
+            if self._take():
+                return True
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise EnsembleBusyError(
@@ -107,7 +141,8 @@ class Admission:
                     f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
                     "queue_timeout / max_concurrency when building the Ensemble."
                 )
-            self._changed.wait(left)
+            self._changed.wait(_RECLAIM_SECONDS if left is None else min(left, _RECLAIM_SECONDS))
+            return self._take()
 
 
 class _SwitchInterval:

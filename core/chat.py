@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ChatTemplateError, InvalidConfigError, InvalidMessagesError
-from .tools import format_tool_call, format_tool_calls
+from .tools import MAX_ARGUMENT_DEPTH, format_tool_call, format_tool_calls, json_depth
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"human": "user", "ai": "assistant", "model": "assistant", "function": "tool"}
@@ -135,6 +135,11 @@ def _tool_calls(raw: Any, index: int) -> list[dict[str, Any]]:
             raise InvalidMessagesError(
                 f"{where} ({name!r}) has arguments {arguments!r}; they must be a JSON object "
                 f"(a dict): {_CALL_SHAPE}."
+            )
+        if json_depth(arguments) > MAX_ARGUMENT_DEPTH:
+            raise InvalidMessagesError(
+                f"{where} ({name!r}) has arguments nested {json_depth(arguments)} levels deep; "
+                f"at most {MAX_ARGUMENT_DEPTH} are read."
             )
         try:
             _utf8(name + json.dumps(arguments, ensure_ascii=False), where)

@@ -40,6 +40,7 @@ from .sampling import Sampler
 from .shaping import ResponseShaper
 from .sources import Models, model_sources
 from .tools import InvalidToolCall, ToolCall
+from .validate import check_bool
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -71,6 +72,7 @@ class Ensemble:
             raise InvalidConfigError("an ensemble needs at least one member.")
         _check_policy(on_member_failure)
         check_admission(max_concurrency, max_queue, queue_timeout)
+        prefix_reuse = check_bool("prefix_reuse", prefix_reuse)
         seen: dict[str, int] = {}
         for member in members:  # unique names: events and stats are keyed by them
             if member.name in seen:
@@ -83,7 +85,7 @@ class Ensemble:
         self.options = dict(options)
         self.method = build_method(method, self.members, options)
         self.on_member_failure = on_member_failure
-        self.prefix_reuse = bool(prefix_reuse)
+        self.prefix_reuse = prefix_reuse
         limit = max_concurrency or default_concurrency(self.members)
         queue = 4 * limit if max_queue is None else max_queue
         self.admission = Admission(limit, queue, queue_timeout)
@@ -118,6 +120,7 @@ class Ensemble:
         check_method(method, len(models), options)  # fail before loading anything
         _check_policy(on_member_failure)
         check_admission(max_concurrency, max_queue, queue_timeout)
+        check_bool("prefix_reuse", prefix_reuse)
         devices = _per_member(device, len(models), "device")
         dtypes = _per_member(dtype, len(models), "dtype")
         labels = _per_member(names, len(models), "names") if names else [None] * len(models)
@@ -174,6 +177,12 @@ class Ensemble:
         `next()`, so bad input fails at the call. Iteration waits for a request slot
         (`max_concurrency`) first; closing the stream (or dropping it) frees its slot."""
         config = self._config(config, overrides)
+        if on_event is not None and not callable(on_event):
+            raise InvalidConfigError(
+                f"on_event must be a function that takes one event, or None; got {on_event!r}"
+                f"{_kind(on_event)}. Pass e.g. on_event=print, or on_event=lambda e: "
+                "print(e.to_dict())."
+            )
         return self._start(normalize_messages(messages), config, on_event)
 
     def generate(
@@ -343,8 +352,6 @@ class _Run:
                     self._report(calls)
                     if shaper.stopped or commit.finish or request.remaining <= 0:
                         finish = "stop" if shaper.stopped else (commit.finish or "length")
-                        if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(method, shaper, text, calls)  # a tag)
                         self.held, self.held_calls = text, calls
                         return finish
                     if text or calls or request.pending:
@@ -362,11 +369,12 @@ class _Run:
             finally:
                 commits.close()
 
-    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
+    def _forced(self, method: Method) -> Commit | None:
         """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None. It ends before its last
-        whitespace run unless `whole`: a space is written by the model with the word after it
-        (` "add",` can be one token), so the model continues from text it was trained on."""
+        (counted in the first active member's tokens, within max_new_tokens: what does not fit
+        is not written), or None. It ends before its last whitespace run: a space is written by
+        the model with the word after it (` "add",` can be one token), so the model continues
+        from text it was trained on."""
         request = self.request
         if request.config.constraint is None:
             return None
@@ -374,27 +382,22 @@ class _Run:
         if first.text != request.text:  # (a member holding part of a character keeps it)
             first.sync(request.text)
         text = first.forced()
-        if not whole:
-            text = text[: _last_space_run(text)]
+        text = text[: _last_space_run(text)]
         if not text:
             return None
         before = first.n_tokens
         first.sync(request.text + text)
+        if first.n_tokens - before > request.remaining:  # only the tokens that fit
+            start = len(request.text.encode("utf-8"))
+            end = first.token_ends[before + request.remaining - 1] if request.remaining else start
+            text = (request.text + text).encode("utf-8")[start:end].decode("utf-8", "ignore")
+            first.sync(request.text + text)
+            if not text:
+                return None
+        tokens = max(first.n_tokens - before, 0)
         request.emit(GrammarForced(request.stats.tokens, text))
-        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
-        return Commit(text, max(first.n_tokens - before, 0))
-
-    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
-        """At the token limit: the text the grammar forces next is still written (no model
-        chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method, whole=True)
-        if forced is None:
-            return text, calls
-        self.request.text += forced.text
-        self.request.stats.tokens += forced.tokens
-        more, closed = shaper.feed(forced.text)
-        self._report(closed)
-        return text + more, [*calls, *closed]
+        request.stats.count("grammar_forced_tokens", tokens)
+        return Commit(text, tokens)
 
     def _report(self, calls) -> None:
         """Tool calls that closed: kept for the output, and told as events."""
@@ -449,6 +452,10 @@ def _last_space_run(text: str) -> int:
     while end and text[end - 1].isspace():
         end -= 1
     return end
+
+
+def _kind(value: Any) -> str:
+    return f" (a {type(value).__name__})"
 
 
 def _check_policy(policy: str) -> None:

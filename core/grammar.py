@@ -68,7 +68,7 @@ import torch
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from .errors import EnsembleError, InvalidConfigError
-from .tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_SEPARATOR
+from .tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_SEPARATOR, json_depth
 from .vocab import Vocab
 
 if TYPE_CHECKING:
@@ -183,8 +183,18 @@ def _check_grammar(grammar: str, what: str) -> None:
         raise InvalidConfigError(_explain(what, messages[0] if messages else ""))
 
 
+MAX_SCHEMA_DEPTH = 128  # JSON nesting of a schema (where llguidance's own parser stops, about)
+
+
 def check_schema(schema: dict, what: str) -> None:
     """Raise `InvalidConfigError` naming the feature when `schema` cannot be enforced."""
+    depth = json_depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidConfigError(
+            f"{what}: the schema nests {depth} levels deep; constrained decoding reads schemas up to "
+            f"{MAX_SCHEMA_DEPTH} levels: flatten it (name repeated parts in $defs and point to "
+            'them with "$ref").'
+        )
     try:
         grammar = f"{_OPTIONS}\nstart: {json_rule(schema)}\n"
         json.dumps(schema, ensure_ascii=False).encode("utf-8")

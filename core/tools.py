@@ -317,8 +317,9 @@ def _read_json(text: str, start: int = 0) -> tuple[Any, int]:
         raise ValueError("the JSON is nested too deeply") from None
 
 
-def _depth(value: Any) -> int:
-    """How deeply lists and dicts nest in `value` (without recursion)."""
+def json_depth(value: Any) -> int:
+    """How deeply lists and dicts nest in `value`, counted without recursion (so that data too
+    deep for `json.dumps` or `copy.deepcopy` is measured, then refused, rather than crashing)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
@@ -372,7 +373,7 @@ def _parse_call(body: str, offered: frozenset[str] | None) -> ToolCall | Invalid
                 arguments = decoded
     if not isinstance(arguments, dict):
         return InvalidToolCall(new_call_id(), name, raw, '"arguments" must be a JSON object')
-    if _depth(arguments) > MAX_ARGUMENT_DEPTH:
+    if json_depth(arguments) > MAX_ARGUMENT_DEPTH:
         return InvalidToolCall(
             new_call_id(),
             name,

@@ -7,6 +7,7 @@ cached prefix of the previous one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -150,6 +151,32 @@ def test_a_closed_stream_frees_its_slot(shipped_members):
     with ThreadPoolExecutor(2) as pool:  # the next 16 run, two at a time
         outs = list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS))
     assert all(o.text for o in outs)
+
+
+class _Holder:
+    """An object in a reference cycle with a stream: collected only by a garbage collection."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.me = stream, self
+
+
+@needs_trained
+@pytest.mark.parametrize("queue", [0, 1])
+def test_a_stream_dropped_in_a_reference_cycle_frees_its_slot(shipped_members, queue):
+    """Automatic collection off, so only the admission's own collection can free the slot: a
+    request that finds every slot held by garbage runs (at once, or after waiting in line)."""
+    ens = Ensemble(list(shipped_members), "single", max_concurrency=1, max_queue=queue)
+    gc.disable()
+    try:
+        stream = ens.stream(PROBLEMS[0].messages, CONFIG)
+        next(stream)
+        _Holder(stream)
+        del stream
+        assert ens.admission.running == 1  # nothing but a cycle refers to the stream now
+        assert ens.generate(PROBLEMS[1].messages, CONFIG).text
+        assert ens.admission.running == 0
+    finally:
+        gc.enable()
 
 
 @needs_trained
