@@ -191,9 +191,9 @@ def check_schema(schema: dict, what: str) -> None:
     depth = json_depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
         raise InvalidConfigError(
-            f"{what}: the schema nests {depth} levels deep; constrained decoding reads schemas up to "
-            f"{MAX_SCHEMA_DEPTH} levels: flatten it (name repeated parts in $defs and point to "
-            'them with "$ref").'
+            f"{what}: the schema nests {depth} levels deep; constrained decoding reads schemas "
+            f"up to {MAX_SCHEMA_DEPTH} levels: flatten it (name repeated parts in $defs and "
+            'point to them with "$ref").'
         )
     try:
         grammar = f"{_OPTIONS}\nstart: {json_rule(schema)}\n"
