@@ -7,10 +7,13 @@ model), up to `max_concurrency` at a time. Beyond that a request waits in a queu
 same thread (a `generate` in an `on_event` callback) does not queue behind its own parent.
 
 A stream that was dropped without being closed frees its slot when Python collects it: at once
-when nothing refers to it, at the next garbage collection when it sits in a reference cycle
-(an object holding the stream that the stream's callback holds, say). So a request that finds
-every slot taken first runs a collection (at most one a second), and so does a waiting one
-each second: a slot held only by garbage is never what makes a request wait or fail.
+when nothing refers to it, at Python's next full garbage collection when it sits in a reference
+cycle (an object holding the stream that the stream's callback holds, say), which may be long
+in coming. So a request that finds every slot taken while some stream has sat between two
+deltas for a second or more (garbage always has) runs that collection itself, and a waiting
+request retries each second: a slot held only by garbage does not make a request fail, or wait
+more than a few seconds. A full collection stalls every thread of the process for a moment
+(milliseconds per hundred thousand live objects), so there is at most one every 5 seconds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -29,7 +33,8 @@ from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
-_RECLAIM_SECONDS = 1.0  # at most one garbage collection this often, when every slot is taken
+_IDLE_SECONDS = 1.0  # a stream this long between deltas may be garbage in a reference cycle
+_RECLAIM_SECONDS = 5.0  # at most one garbage collection this often, when every slot is taken
 _MEMORY_SHARE = 0.5  # of the memory free at load time, what concurrent requests' caches may use
 
 
@@ -44,10 +49,16 @@ class Admission:
         self._quick = False  # this admission holds the quick switch interval
         self._inside = threading.local()  # set while this thread runs one of our requests
         self._reclaimed = -_RECLAIM_SECONDS  # when a full admission last collected garbage
+        # streams between two deltas (their consumer has them) -> since when
+        self._paused: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
 
     @property
     def running(self) -> int:
         return self._running
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -82,13 +93,27 @@ class Admission:
         finally:
             self._inside.depth = outer
 
+    def pause(self, stream: object) -> None:
+        """`stream` holds a slot and waits for its consumer (it just gave a delta)."""
+        with self._changed:
+            self._paused[stream] = time.monotonic()
+
+    def resume(self, stream: object) -> None:
+        """`stream` runs again, or is closed."""
+        with self._changed:
+            self._paused.pop(stream, None)
+
     def _reclaim(self) -> None:
-        """Every slot is taken: collect garbage (at most once a second), so streams dropped in
-        a reference cycle run their finalisers and free their slots now."""
+        """Every slot is taken: when a stream has been paused long enough to be garbage, collect
+        garbage (at most once every 5 s), so streams dropped in a reference cycle run their
+        finalisers and free their slots now."""
         now = time.monotonic()
-        if now - self._reclaimed >= _RECLAIM_SECONDS:
+        with self._changed:
+            idle = any(now - since >= _IDLE_SECONDS for since in self._paused.values())
+            if not idle or now - self._reclaimed < _RECLAIM_SECONDS:
+                return
             self._reclaimed = now
-            gc.collect()
+        gc.collect()
 
     def _take(self) -> bool:
         """Take a free slot if there is one (called under the lock)."""
@@ -141,7 +166,7 @@ class Admission:
                     f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
                     "queue_timeout / max_concurrency when building the Ensemble."
                 )
-            self._changed.wait(_RECLAIM_SECONDS if left is None else min(left, _RECLAIM_SECONDS))
+            self._changed.wait(_IDLE_SECONDS if left is None else min(left, _IDLE_SECONDS))
             return self._take()
 
 

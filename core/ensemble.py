@@ -289,10 +289,14 @@ class RequestStream(Iterator[Delta]):
         return self
 
     def __next__(self) -> Delta:
+        self._admission.resume(self)
         with self._admission.running_here():
-            return next(self._deltas)
+            delta = next(self._deltas)
+        self._admission.pause(self)  # holding its slot until the consumer asks again
+        return delta
 
     def close(self) -> None:
+        self._admission.resume(self)
         self._deltas.close()
 
     def cancel(self) -> None:
