@@ -10,7 +10,9 @@ to one line each.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -441,3 +443,31 @@ def test_a_tiny_temperature_samples_like_greedy(env):
     greedy = ens.generate("Tom has 3 apples.", max_new_tokens=8)
     tiny = ens.generate("Tom has 3 apples.", max_new_tokens=8, temperature=1e-300, seed=1)
     assert tiny.text == greedy.text
+
+
+def _readme_table() -> list[tuple[str, list[str]]]:
+    """(what you pass, the tests named) for each row of the README's bad-input table."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### What a bad input gets", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # no header
+    return [(row.split(" | ")[0], re.findall(r"`([^`]+)`", row.split(" | ")[-1])) for row in rows]
+
+
+def test_the_readme_table_names_every_row_and_only_tests_that_exist():
+    """The README's "what you pass -> what you get" table is this table, and the tests it
+    names elsewhere exist: a row without a test, or a test without a row, fails here."""
+    ids = [p.id for p in ROWS]
+    covered: set[str] = set()
+    root = Path(__file__).resolve().parent.parent
+    for passed, tests in _readme_table():
+        assert tests, f"README row {passed!r} names no test"
+        for name in tests:
+            if "::" in name:
+                path, function = name.split("::")
+                source = (root / path).read_text()
+                assert re.search(rf"^(async )?def {function}\(", source, re.M), name
+            else:
+                matched = fnmatch.filter(ids, name)
+                assert matched, f"README names {name!r}, which matches no row here"
+                covered |= set(matched)
+    assert not set(ids) - covered, f"rows missing from the README: {sorted(set(ids) - covered)}"
