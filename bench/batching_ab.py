@@ -1,13 +1,13 @@
-"""The forward-pass batcher of an earlier commit against the current one, side by side in one run.
+"""The forward-pass batcher of another commit against the working tree's, side by side in one run.
 
-    python bench/batching_ab.py [--before COMMIT] [--n 64] [--concurrency 1,2,4,8,16]
+    python bench/batching_ab.py --before COMMIT [--n 64] [--concurrency 1,2,4,8,16]
 
-`core/batching.py` as it was at COMMIT (read with `git show`) runs the "before" blocks: its
-batch assembly and its gathering (request threads are not counted for it, and passes of several
-models do not take turns). Everything else is the current code. Every chunk of problems runs at
-every level for every method under both batchers, in alternating order, so machine noise hits
-them alike (`core.bench.concurrency` does the measuring). Prints a Markdown table; the texts of
-the two batchers must be the same.
+`core/batching.py` as it is at COMMIT (read with `git show`) runs the "before" blocks: its
+batch assembly and its gathering, without request-thread counting or per-device turns (the
+working tree's batcher has both). Everything else is the working tree's code. Every chunk of
+problems runs at every level for every method under both batchers, in alternating order, so
+machine noise hits them alike (`core.bench.concurrency` does the measuring). Prints a Markdown
+table; the texts of the two batchers must be the same.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from core import batching  # noqa: E402
 from core.bench.concurrency import ForwardClock, run_block, summarise  # noqa: E402
 from core.bench.setups import ensemble_for, load_members, load_task, method_setups  # noqa: E402
 from core.config import GenerationConfig  # noqa: E402
-
-BEFORE = "7bb7760"  # the batcher before counting request threads and taking turns per device
 
 
 def load_before(commit: str):
@@ -75,7 +73,7 @@ current_running = batching.RequestThreads.running
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", default=BEFORE)
+    parser.add_argument("--before", required=True, help="the commit whose batcher to compare")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--concurrency", default="1,2,4,8,16")
     parser.add_argument("--methods", default="single,token,safe,specem")
