@@ -13,6 +13,9 @@ canonical call syntax of `core.tools`. Past calls and tool results go to a templ
 when it knows tool calls; otherwise the calls become their canonical text in the assistant turn
 and each result a `<tool_response>` block in a user turn. The instruction texts live here, in
 one place, because the testbed models are trained on exactly this rendering.
+
+A member's prompt ids come from `prompt_ids`: only the template's own markup becomes control
+tokens, so text in a message that spells `<|im_end|>` stays that text.
 """
 
 from __future__ import annotations
