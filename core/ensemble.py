@@ -40,7 +40,7 @@ from .remote import Remote, connect
 from .sampling import Sampler
 from .shaping import ResponseShaper
 from .sources import Models, model_sources
-from .tools import InvalidToolCall, ToolCall
+from .tool_calls import InvalidToolCall, ToolCall
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -254,7 +254,7 @@ class Ensemble:
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
         method = self.method.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
-        tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
+        tools = config.tools if config.calls_tools else ()
         for member in method.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint

@@ -36,6 +36,7 @@ from .errors import ContextWindowError, EnsembleError, MemberError, RequestCance
 from .grammar import Constraint, Matcher, constrain
 from .kv import common_prefix
 from .sampling import Sampler
+from .tools import ToolSpec
 from .vocab import Vocab, is_cut, tokenizer_lock
 
 _MAX_CUT_SCAN = 64  # tokens to look back for a cut before re-tokenizing the whole response
@@ -174,24 +175,19 @@ class Member(ABC):
     def render(
         self,
         messages: list[Message],
-        tools: Sequence[dict] = (),
+        tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
     ) -> list[int]:
-        """The prompt ids: the messages in this member's own chat template, with the tools (as
-        OpenAI-style dicts) and the answer's schema where the request has them."""
-        extra = {}
-        if tools:
-            extra["tools"] = list(tools)
-        if response_format is not None:
-            extra["response_format"] = response_format
+        """The prompt ids: the messages in this member's own chat template, with the tools and
+        the answer's schema where the request has them."""
         with tokenizer_lock(self.tokenizer):
-            prompt = render_prompt(self.tokenizer, messages, self.name, **extra)
+            prompt = render_prompt(self.tokenizer, messages, self.name, tools, response_format)
         return self.vocab.encode_prompt(prompt)
 
     def start(
         self,
         messages: list[Message],
-        tools: Sequence[dict] = (),
+        tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
         constraint: Constraint | None = None,
     ) -> int:

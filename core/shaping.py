@@ -1,16 +1,16 @@
 """Committed response text -> what a delta shows: the content, and the tool calls.
 
 The ensemble commits one text. With tools, that text holds call regions in the canonical syntax
-(`core.tools`): they are cut out of the content and handed over whole, as parsed calls, when they
-close. Stop strings (`core.stops`) apply to the content only, never inside a call, and not to an
-answer constrained by a `response_format` (a stop string must not cut a JSON value).
+(`core.tool_calls`): they are cut out of the content and handed over whole, as parsed calls, when
+they close. Stop strings (`core.stops`) apply to the content only, never inside a call, and not to
+an answer constrained by a `response_format` (a stop string must not cut a JSON value).
 """
 
 from __future__ import annotations
 
 from .config import GenerationConfig
 from .stops import StopFilter
-from .tools import InvalidToolCall, ToolCall, ToolCallStream
+from .tool_calls import InvalidToolCall, ToolCall, ToolCallStream
 
 
 class ResponseShaper:

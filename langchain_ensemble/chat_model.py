@@ -37,7 +37,7 @@ from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
 from .outputs import Turn, aggregate
 from .structured import structured_output
-from .tools import one_per_name, openai_tools
+from .tools import one_per_name, tool_specs
 
 # Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
 _CALL_SETTINGS = {
@@ -265,7 +265,7 @@ class ChatEnsemble(BaseChatModel):
         if strict is not None and not isinstance(strict, bool):
             raise InvalidConfigError(f"strict must be True, False or None, got {strict!r}.")
         if "tools" in config:  # any tool kind LangChain knows, also when passed per call
-            config["tools"] = openai_tools(config["tools"], strict)
+            config["tools"] = tool_specs(config["tools"], strict)
         stops = stop if stop is not None else self.stop
         return GenerationConfig(**config, stop=tuple(stops or ()))
 
@@ -291,7 +291,7 @@ class ChatEnsemble(BaseChatModel):
         a tool_choice naming no bound tool, or a schema the grammar cannot enforce raise
         `InvalidConfigError` here, not at the first call.
         """
-        bound: dict[str, Any] = {"tools": openai_tools(tools, strict), **kwargs}
+        bound: dict[str, Any] = {"tools": tool_specs(tools, strict), **kwargs}
         if tool_choice is not None:
             bound["tool_choice"] = tool_choice
         if parallel_tool_calls is not None:
@@ -304,8 +304,8 @@ class ChatEnsemble(BaseChatModel):
         one name are refused only when the model is called: binding without calling is what
         LangChain's standard suite does with a model and its schema under one name."""
         per_call = {k: v for k, v in bound.items() if k != "ls_structured_output_format"}
-        if isinstance(per_call.get("tools"), list):
-            per_call["tools"] = one_per_name(per_call["tools"])
+        if "tools" in per_call:
+            per_call["tools"] = one_per_name(tool_specs(per_call["tools"]))
         self._config(None, per_call)
         return self.bind(**bound)
 

@@ -30,7 +30,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from core.config import Delta, Stats
 from core.events import Event
 from core.summary import request_summary
-from core.tools import TOOL_CALL_OPEN, InvalidToolCall, ToolCall
+from core.tool_calls import TOOL_CALL_OPEN, InvalidToolCall, ToolCall
 
 TRACE_KEY = "ensemble_events"  # per-chunk trace in generation_info (opt-in)
 

@@ -54,13 +54,13 @@ from core.remote import Remote, source_label
 from core.shared import shared_ensemble
 from core.sources import model_sources
 from core.summary import request_summary
-from core.tools import InvalidToolCall, ToolCall
+from core.tool_calls import InvalidToolCall, ToolCall
 
 from .events import to_instrumentation
 from .messages import completion_messages, to_core_messages
 from .responses import chat_response, collected, completion_response, raw_info
 from .structured import structured_kwargs, structured_result
-from .tools import openai_tools, tool_call_blocks, tool_selections
+from .tools import tool_call_blocks, tool_selections, tool_specs
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -293,7 +293,7 @@ class EnsembleLLM(FunctionCallingLLM):
                     "complete() returns text only, so it takes no tools; call chat() or "
                     "chat_with_tools() to get ToolCallBlocks back."
                 )
-            tooling["tools"] = openai_tools(tooling["tools"])
+            tooling["tools"] = tool_specs(tooling["tools"])
         return tooling
 
     def _start(
@@ -373,7 +373,7 @@ class EnsembleLLM(FunctionCallingLLM):
             messages.append(user_msg)
         return {
             "messages": messages,
-            "tools": openai_tools(tools),
+            "tools": tool_specs(tools),
             "tool_choice": tool_choice,
             "tool_required": tool_required,
             "parallel_tool_calls": allow_parallel_tool_calls,

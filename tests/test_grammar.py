@@ -25,12 +25,13 @@ from core.grammar import (
     GrammarViolation,
     Matcher,
     build_constraint,
-    closed_schema,
     constrain,
 )
+from core.json_schema import closed_schema
 from core.loading import load_tokenizer
 from core.testbed import model_paths
-from core.tools import format_tool_call, format_tool_calls, normalize_tools
+from core.tool_calls import format_tool_call, format_tool_calls
+from core.tools import normalize_tools
 from core.vocab import Vocab
 
 
