@@ -31,10 +31,10 @@ from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
+from .events import Event, MemberFailed, ToolCallEvent
 from .hf_member import HFMember
 from .member import ContextOverflow, Member
-from .methods import Commit, Method, Request, build_method, check_method
+from .methods import Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
@@ -324,15 +324,14 @@ class _Run:
             yield last
 
     def _commits(self, shaper: ResponseShaper):
-        """Runs the method (again, without a failed member, under "drop") until it is done,
-        committing what the grammar forces between its steps; returns the finish reason."""
+        """Runs the method (again, without a failed member, under "drop") until it is done;
+        returns the finish reason."""
         request, method = self.request, self.method
         while True:
-            commits = method.run(request)
+            commits = method.commits(request)
             try:
                 while True:
-                    forced = self._forced(method)
-                    commit = next(commits, None) if forced is None else forced
+                    commit = next(commits, None)
                     if commit is None:
                         return "length"
                     request.text += commit.text
@@ -363,32 +362,10 @@ class _Run:
             finally:
                 commits.close()
 
-    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
-        """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None. It ends before its last
-        whitespace run unless `whole`: a space is written by the model with the word after it
-        (` "add",` can be one token), so the model continues from text it was trained on."""
-        request = self.request
-        if request.config.constraint is None:
-            return None
-        first = method.active[0]
-        if first.text != request.text:  # (a member holding part of a character keeps it)
-            first.sync(request.text)
-        text = first.forced()
-        if not whole:
-            text = text[: _last_space_run(text)]
-        if not text:
-            return None
-        before = first.n_tokens
-        first.sync(request.text + text)
-        request.emit(GrammarForced(request.stats.tokens, text))
-        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
-        return Commit(text, max(first.n_tokens - before, 0))
-
     def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method, whole=True)
+        forced = method.grammar_forced(self.request, whole=True)
         if forced is None:
             return text, calls
         self.request.text += forced.text
@@ -438,18 +415,6 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
-
-
-def _last_space_run(text: str) -> int:
-    """Where the last run of whitespace in `text` starts (its length when there is none)."""
-    end = len(text)
-    while end and not text[end - 1].isspace():
-        end -= 1
-    if not end:
-        return len(text)
-    while end and text[end - 1].isspace():
-        end -= 1
-    return end
 
 
 def _check_policy(policy: str) -> None:

@@ -155,7 +155,7 @@ class HFMember(Member):
         if self._kv is not None:
             self._state.cache = replace(self._kv, last_row=row)
 
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
             prompt_len, seq = self._state.prompt_len, self._state.seq
@@ -253,7 +253,7 @@ class HFMember(Member):
                 return torch.empty(0, self.vocab.size)
             prefix = self._state.prompt_len + boundary
             if self._cached < prefix:
-                self.logprobs([boundary])  # the cache now reaches the branch point
+                self._model_logprobs([boundary])  # the cache now reaches the branch point
             if not self.takes_block_mask:  # no mask: the cache must end at the branch point
                 self._rewind(prefix)
                 rows = []

@@ -210,29 +210,13 @@ class Member(ABC):
             self._reuse(prompt)
         return len(prompt)
 
-    # --- the request's grammar ------------------------------------------------------------
+    # --- the request's grammar: every distribution a method reads goes through it ----------
 
-    @property
-    def constrained(self) -> bool:
-        return self._state.grammar is not None
-
-    def allowed(self, boundary: int | None = None) -> torch.Tensor | None:
-        """Which next ids keep the response valid after its first `boundary` tokens (default:
-        all of them), as a bool mask over the vocabulary; None when unconstrained."""
-        grammar = self._state.grammar
-        if grammar is None:
-            return None
-        ids = self.ids
-        grammar.follow(ids if boundary is None else ids[:boundary])
-        return grammar.allowed()
-
-    def constrained_rows(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
-        """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
-        grammar allows there and renormalised; unchanged when unconstrained."""
-        if self._state.grammar is None:
-            return rows
-        masks = torch.stack([self.allowed(b) for b in boundaries])
-        return constrain(rows, masks)
+    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab].
+        Under the request's grammar each row is masked to what the grammar allows there and
+        renormalised, so a method never sees a distribution the grammar has not shaped."""
+        return self._constrained(self._model_logprobs(boundaries), boundaries)
 
     def forced(self) -> str:
         """Text the grammar forces after the current text ("" when there is a choice, or when
@@ -242,6 +226,18 @@ class Member(ABC):
             return ""
         grammar.follow(self.ids)
         return grammar.forced()
+
+    def _constrained(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
+        """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
+        grammar allows there and renormalised; unchanged when unconstrained."""
+        grammar = self._state.grammar
+        if grammar is None:
+            return rows
+        ids, masks = self.ids, []
+        for boundary in boundaries:
+            grammar.follow(ids[:boundary])
+            masks.append(grammar.allowed())
+        return constrain(rows, torch.stack(masks))
 
     def _reuse(self, prompt: list[int]) -> None:  # noqa: B027 (a hook: nothing by default)
         """A backend may take a cached prefix of the prompt from an earlier request."""
@@ -309,8 +305,9 @@ class Member(ABC):
         """Forget computed state beyond the first `keep` ids of the sequence."""
 
     @abstractmethod
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
-        """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab]."""
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        """The model's own next-token log-probs after the first `b` response tokens, for each b:
+        [len, vocab] (`logprobs` applies the request's grammar to them)."""
 
     @abstractmethod
     def score(
@@ -387,8 +384,6 @@ class Member(ABC):
                 if self.room <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
-                if self._state.grammar is not None:
-                    row = constrain(row, self.allowed())
                 token = sampler.pick(row)
                 rows.append(row)
                 if token in self.stop_ids:

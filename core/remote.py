@@ -401,7 +401,7 @@ class RemoteMember(Member):
     def _rewind(self, keep: int) -> None:
         self._state.cache = {n: row for n, row in self._rows.items() if n <= keep}
 
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
             ends = [self._state.prompt_len + b for b in boundaries]
@@ -476,7 +476,7 @@ class RemoteMember(Member):
         """Drafted rows as the constrained distributions they stand for (row j: after the
         first `start - prompt + j` response ids)."""
         base = start - self._state.prompt_len
-        return self.constrained_rows(rows, [base + j for j in range(rows.shape[0])])
+        return self._constrained(rows, [base + j for j in range(rows.shape[0])])
 
     def score(
         self,
