@@ -80,9 +80,9 @@ class Ensemble:
             else:
                 seen[member.name] = 1
         self.members = list(members)
-        self.method_name = method
-        self.options = dict(options)
-        self.method = build_method(method, self.members, options)
+        self.method = method  # its name, as given; `algorithm` runs it
+        self.method_options = dict(options)
+        self.algorithm = build_method(method, self.members, options)
         self.on_member_failure = on_member_failure
         self.prefix_reuse = bool(prefix_reuse)
         limit = max_concurrency or default_concurrency(self.members)
@@ -220,17 +220,33 @@ class Ensemble:
     def weights(self) -> dict[str, float] | None:
         """Voting weights carried from request to request, for methods that learn them (SpecEM
         with `persist_weights=True`); each request's own are in its `stats.weights`."""
-        weights = getattr(self.method, "weights", None)
+        weights = getattr(self.algorithm, "weights", None)
         return dict(weights) if isinstance(weights, dict) else None
 
     def reset_weights(self) -> None:
-        reset = getattr(self.method, "reset_weights", None)
+        reset = getattr(self.algorithm, "reset_weights", None)
         if reset is None:
-            raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
+            raise InvalidConfigError(f"method {self.method!r} has no weights to reset.")
         reset()
 
     def summary(self) -> dict:
-        return self.method.summary()
+        return self.algorithm.summary()
+
+    @property
+    def active_members(self) -> list[Member]:
+        """The members the method runs, its leading one first (SAFE's drafter, `single`'s
+        member): a request starts only these."""
+        return list(self.algorithm.active)
+
+    @property
+    def prompt_tokenizer(self):
+        """The tokenizer `input_tokens` counts the prompt in: the leading active member's."""
+        return self.algorithm.active[0].tokenizer
+
+    @property
+    def context_window(self) -> int:
+        """The smallest window among the active members: a prompt and its answer must fit all."""
+        return min(member.context_window for member in self.algorithm.active)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -252,14 +268,14 @@ class Ensemble:
         """A request's own member views and method copy, with every prompt rendered."""
         cancel = threading.Event()
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
-        method = self.method.bind(members)
+        algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
         tools = config.tools if config.calls_tools else ()
-        for member in method.active:
+        for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint
             )
-        run = _Run(self, members, method, request)
+        run = _Run(self, members, algorithm, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
 
 
@@ -293,10 +309,10 @@ class RequestStream(Iterator[Delta]):
 class _Run:
     """One request in flight: the loop from commits to deltas, the member-failure policy."""
 
-    def __init__(self, ensemble: Ensemble, members, method: Method, request: Request) -> None:
+    def __init__(self, ensemble: Ensemble, members, algorithm: Method, request: Request) -> None:
         self.ensemble = ensemble
         self.members = members
-        self.method = method
+        self.algorithm = algorithm
         self.request = request
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
@@ -326,9 +342,9 @@ class _Run:
     def _commits(self, shaper: ResponseShaper):
         """Runs the method (again, without a failed member, under "drop") until it is done;
         returns the finish reason."""
-        request, method = self.request, self.method
+        request, algorithm = self.request, self.algorithm
         while True:
-            commits = method.commits(request)
+            commits = algorithm.commits(request)
             try:
                 while True:
                     commit = next(commits, None)
@@ -344,7 +360,7 @@ class _Run:
                     if shaper.stopped or commit.finish or request.remaining <= 0:
                         finish = "stop" if shaper.stopped else (commit.finish or "length")
                         if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(method, shaper, text, calls)  # a tag)
+                            text, calls = self._close(algorithm, shaper, text, calls)  # a tag)
                         self.held, self.held_calls = text, calls
                         return finish
                     if text or calls or request.pending:
@@ -352,20 +368,20 @@ class _Run:
             except ContextOverflow:
                 return "length"
             except MemberError as error:
-                method = self._after_failure(method, error)
+                algorithm = self._after_failure(algorithm, error)
             except (EnsembleError, CallbackFailed):
                 raise
             except Exception as error:
                 raise MemberError(
-                    f"method {self.ensemble.method_name!r} failed: {type(error).__name__}: {error}"
+                    f"method {self.ensemble.method!r} failed: {type(error).__name__}: {error}"
                 ) from error
             finally:
                 commits.close()
 
-    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
+    def _close(self, algorithm: Method, shaper: ResponseShaper, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = method.grammar_forced(self.request, whole=True)
+        forced = algorithm.grammar_forced(self.request, whole=True)
         if forced is None:
             return text, calls
         self.request.text += forced.text
@@ -382,7 +398,7 @@ class _Run:
                 ensembled = self.request.stats.ensembled - self.call_opened
                 self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
-    def _after_failure(self, method: Method, error: MemberError) -> Method:
+    def _after_failure(self, algorithm: Method, error: MemberError) -> Method:
         """Report the failure; under "drop" the method without that member, else re-raise."""
         request = self.request
         name = error.member
@@ -390,10 +406,10 @@ class _Run:
         request.stats.count("member_failed")
         if name is not None:
             request.stats.failed[name] = str(error)
-        active = [m.name for m in method.active]
+        active = [m.name for m in algorithm.active]
         if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
             raise error
-        return method.without(name)
+        return algorithm.without(name)
 
     def _delta(self, text: str, calls) -> Delta:
         stats = self.request.stats

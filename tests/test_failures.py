@@ -96,7 +96,7 @@ def _next_requests_are_fresh(ens, fresh, n=3) -> None:
 def test_an_injected_fault_leaves_no_trace(shipped_members, fresh_texts, method, where, kind):
     ens = Ensemble(list(shipped_members), method)
     operations = set()
-    for member in ens.method.active:
+    for member in ens.active_members:
         for at in (1, 3, 11):  # the prompt's prefill, then later steps of the member's work
             injector = Injector(member.model, where, kind, at)
             try:

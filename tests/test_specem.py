@@ -339,14 +339,14 @@ def test_learned_state_is_shared_by_copies_and_kept_only_when_persisting(nonstop
     weights persist."""
     for persist in (False, True):
         ens = Ensemble(nonstop, "specem", persist_weights=persist, lr=2.0)
-        assert copy.copy(ens.method).learned is ens.method.learned
+        assert copy.copy(ens.algorithm).learned is ens.algorithm.learned
         out = ens.generate(PROMPT, SAMPLED)
         updates = len(_events(out, WeightsUpdated))
         assert updates and len(set(out.stats.weights.values())) > 1
         if persist:
-            assert ens.method.learned.t == updates and ens.weights == out.stats.weights
+            assert ens.algorithm.learned.t == updates and ens.weights == out.stats.weights
         else:
-            assert ens.method.learned.t == 0 and ens.weights is None
+            assert ens.algorithm.learned.t == 0 and ens.weights is None
 
 
 # --- the shipped models (behaviour) ------------------------------------------------------------
@@ -369,7 +369,7 @@ def test_schedule_and_wins_on_rounds_without_an_update(make_ensemble, schedule):
         skipped += counts.get("consensus", 0)
         rounds += counts["rounds"]
     assert skipped > 0  # rounds without an update came before later updates
-    assert ens.method.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
+    assert ens.algorithm.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
     assert list(ens.weights.values()) == pytest.approx(w.tolist())
 
 
