@@ -38,8 +38,8 @@ from .methods import Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
-from .shaping import ResponseShaper
 from .sources import Models, model_sources
+from .splitter import ResponseSplitter
 from .tool_calls import InvalidToolCall, ToolCall
 
 Messages = str | Sequence[dict[str, Any]]
@@ -317,29 +317,29 @@ class _Run:
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
         self.call_opened = 0  # stats.ensembled when the open call region began
-        self.held = ""  # content of the last commit, shown with the last delta...
-        self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
+        self.last_text = ""  # content of the last commit, shown with the last delta...
+        self.last_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
             self.started = time.perf_counter()
-            shaper = ResponseShaper(self.request.config)
+            splitter = ResponseSplitter(self.request.config)
             try:
-                finish = yield from self._commits(shaper)
+                finish = yield from self._commits(splitter)
             except CallbackFailed as failed:
                 raise failed.error from None
-            text, calls = shaper.finish()
+            text, calls = splitter.finish()
             self._report(calls)
             if any(isinstance(c, ToolCall) for c in self.calls) and not any(
                 isinstance(c, InvalidToolCall) for c in self.calls
             ):
                 finish = "tool_calls"  # every call whole (a grammar closes them itself)
-            last = self._last(self.held + text, finish, self.held_calls + calls)
+            last = self._last(self.last_text + text, finish, self.last_calls + calls)
             for member in self.members:  # a finished request's prefixes serve later ones
                 member.keep_prefix()
             yield last
 
-    def _commits(self, shaper: ResponseShaper):
+    def _commits(self, splitter: ResponseSplitter):
         """Runs the method (again, without a failed member, under "drop") until it is done;
         returns the finish reason."""
         request, algorithm = self.request, self.algorithm
@@ -352,16 +352,18 @@ class _Run:
                         return "length"
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
-                    opened = shaper.in_call
-                    text, calls = shaper.feed(commit.text)
-                    if shaper.in_call and not opened:
+                    opened = splitter.in_call
+                    text, calls = splitter.feed(commit.text)
+                    if splitter.in_call and not opened:
                         self.call_opened = request.stats.ensembled
                     self._report(calls)
-                    if shaper.stopped or commit.finish or request.remaining <= 0:
-                        finish = "stop" if shaper.stopped else (commit.finish or "length")
+                    if splitter.stop_string_found or commit.finish or request.remaining <= 0:
+                        finish = (
+                            "stop" if splitter.stop_string_found else (commit.finish or "length")
+                        )
                         if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(algorithm, shaper, text, calls)  # a tag)
-                        self.held, self.held_calls = text, calls
+                            text, calls = self._close(algorithm, splitter, text, calls)  # a tag)
+                        self.last_text, self.last_calls = text, calls
                         return finish
                     if text or calls or request.pending:
                         yield self._delta(text, calls)
@@ -378,7 +380,7 @@ class _Run:
             finally:
                 commits.close()
 
-    def _close(self, algorithm: Method, shaper: ResponseShaper, text: str, calls: list):
+    def _close(self, algorithm: Method, splitter: ResponseSplitter, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
         forced = algorithm.grammar_forced(self.request, whole=True)
@@ -386,7 +388,7 @@ class _Run:
             return text, calls
         self.request.text += forced.text
         self.request.stats.tokens += forced.tokens
-        more, closed = shaper.feed(forced.text)
+        more, closed = splitter.feed(forced.text)
         self._report(closed)
         return text + more, [*calls, *closed]
 

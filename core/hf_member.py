@@ -90,7 +90,7 @@ class HFMember(Member):
     # --- cache and forward ----------------------------------------------------------------
 
     @property
-    def lane(self) -> str:
+    def runs_on(self) -> str:
         device = self.device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

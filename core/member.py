@@ -162,13 +162,14 @@ class Member(ABC):
         return list(self._state.ends)
 
     @property
-    def lane(self) -> str:
-        """Members on one lane compute one after the other, distinct lanes overlap
-        (`core.parallel`): in-process members share their device, a remote one has its own."""
+    def runs_on(self) -> str:
+        """Where this member computes: members that run on the same place compute one after the
+        other, members on different places overlap (`core.parallel`). In-process members run on
+        their device; a remote member on its own server connection."""
         return "local"
 
     @property
-    def room(self) -> int:
+    def window_left(self) -> int:
         """How many more tokens fit in the context window."""
         return self.context_window - len(self._state.seq)
 
@@ -381,7 +382,7 @@ class Member(ABC):
         with self._transaction("draft"):
             ids, rows, stopped = [], [], False
             for _ in range(max_tokens):
-                if self.room <= 0:
+                if self.window_left <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
                 token = sampler.pick(row)

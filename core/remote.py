@@ -384,7 +384,7 @@ class RemoteMember(Member):
     # --- the Member interface ------------------------------------------------------------------
 
     @property
-    def lane(self) -> str:
+    def runs_on(self) -> str:
         return f"remote:{id(self)}"  # a server: overlaps with everything else
 
     def spawn(self, cancel=None, reuse: bool = True) -> RemoteMember:
@@ -418,7 +418,7 @@ class RemoteMember(Member):
             return self._draft(max_tokens, sampler)
 
     def _draft(self, max_tokens: int, sampler: Sampler) -> Draft:
-        n = min(max_tokens, self.room)
+        n = min(max_tokens, self.window_left)
         if n <= 0:
             return Draft([], torch.empty(0, self.vocab.size), False)
         self._check_cancelled()

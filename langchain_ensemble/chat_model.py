@@ -32,7 +32,7 @@ from core.remote import Remote
 from core.sources import model_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
-from .messages import to_engine_messages
+from .messages import to_core_messages
 from .outputs import ChunkBuilder, aggregate
 from .structured import structured_binding, structured_runnable
 from .tools import one_per_name, tool_specs
@@ -410,11 +410,11 @@ class ChatEnsemble(BaseChatModel):
         return self._achunks(messages, stop, kwargs, forward, run_manager)
 
     def _request(
-        self, engine: Ensemble, messages: list[BaseMessage], config: GenerationConfig
+        self, ensemble: Ensemble, messages: list[BaseMessage], config: GenerationConfig
     ) -> tuple[Iterator[Delta], ChunkBuilder]:
         traced = selected_events(self.ensemble_events) if self.event_trace else None
-        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
-        return deltas, ChunkBuilder(self.model_name, engine, traced)
+        deltas = ensemble.stream(to_core_messages(messages), config, on_event=self.on_event)
+        return deltas, ChunkBuilder(self.model_name, ensemble, traced)
 
     def _chunks(
         self,
@@ -449,8 +449,8 @@ class ChatEnsemble(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_chunks` with the engine on a worker thread: the event loop keeps running."""
         config = self._call_config(stop, kwargs)
-        engine = await self._handle.aget(self._settings)  # a first load: off the event loop
-        deltas, builder = self._request(engine, messages, config)
+        ensemble = await self._handle.aget(self._settings)  # a first load: off the event loop
+        deltas, builder = self._request(ensemble, messages, config)
         deltas = iterate_in_thread(deltas)
         try:
             async for delta in deltas:

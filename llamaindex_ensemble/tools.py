@@ -57,7 +57,7 @@ def tool_selections(response: ChatResponse) -> list[ToolSelection]:
     ]
 
 
-def engine_tool_call(block: ToolCallBlock) -> dict[str, Any]:
+def core_tool_call(block: ToolCallBlock) -> dict[str, Any]:
     """A call of an assistant turn in the history, in the engine's message form."""
     call: dict[str, Any] = {
         "type": "function",

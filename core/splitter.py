@@ -13,15 +13,18 @@ from .stops import StopFilter
 from .tool_calls import InvalidToolCall, ToolCall, ToolCallStream
 
 
-class ResponseShaper:
+class ResponseSplitter:
+    """Splits the committed text, as it grows, into the content a delta shows (cut at the first
+    stop string) and the tool calls that closed."""
+
     def __init__(self, config: GenerationConfig) -> None:
         self.calls = ToolCallStream() if config.calls_tools else None
         self.stops = StopFilter(() if config.response_format is not None else config.stop)
 
     @property
-    def stopped(self) -> bool:
+    def stop_string_found(self) -> bool:
         """A stop string ended the content."""
-        return self.stops.stopped
+        return self.stops.found
 
     @property
     def in_call(self) -> bool:
@@ -41,6 +44,6 @@ class ResponseShaper:
         if self.calls is not None:
             text, calls = self.calls.finish()
         content = self.stops.feed(text)
-        if not self.stops.stopped:
+        if not self.stops.found:
             content += self.stops.flush()
         return content, calls
