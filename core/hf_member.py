@@ -43,8 +43,9 @@ class HFMember(Member):
             or getattr(config, "n_ctx", None)
             or 2048
         )
-        attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
-        self.takes_block_mask = attention in ("eager", "sdpa")
+        # the attention kernel transformers chose ("sdpa", "eager", "flash_attention_2", ...)
+        self.attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        self.takes_block_mask = self.attention in ("eager", "sdpa")
         self.batcher = batcher_for(model, batched=self.takes_block_mask)
         self._pool = PrefixPool()
         self._reuse_prefixes = True

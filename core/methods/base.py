@@ -96,6 +96,11 @@ class Method(ABC):
     min_members: ClassVar[int] = 1
     member_options: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            _BY_NAME.setdefault(cls.name, cls)
+
     def __init__(self, members: Sequence[Member]) -> None:
         if len(members) < self.min_members:
             raise InvalidConfigError(
@@ -200,7 +205,9 @@ def _last_space_run(text: str) -> int:
     return end
 
 
-def _single(members: Sequence[Member], index: int) -> Method:
-    from . import method_class
+_BY_NAME: dict[str, type[Method]] = {}  # every method class, registered as it is defined
 
-    return method_class("single")(members, member=index)
+
+def _single(members: Sequence[Member], index: int) -> Method:
+    """The method a lone member runs (`core.methods` defines it whenever this module loads)."""
+    return _BY_NAME["single"](members, member=index)
