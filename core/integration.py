@@ -36,6 +36,24 @@ from .tool_calls import InvalidToolCall, ToolCall
 # Per-call names frameworks use for a GenerationConfig field.
 ALIASES = {"max_tokens": "max_new_tokens"}
 
+# The loading settings both adapters declare as fields (`Field(**LOADING_FIELDS[name])`): each
+# default and description written once.
+LOADING_FIELDS: dict[str, dict[str, Any]] = {
+    "models": {
+        "default_factory": list,
+        "description": "Local model directories, hub ids, or Remote(...) members served by "
+        "vLLM (a dict of Remote's fields works too); SAFE drafts with the first.",
+    },
+    "method": {"default": "safe", "description": '"safe" | "specem" | "token" | "single".'},
+    "method_options": {
+        "default_factory": dict,
+        "description": "Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
+    },
+    "device": {"default": "auto", "description": "One device for all members, or one each."},
+    "dtype": {"default": "auto", "description": "One dtype for all members, or one each."},
+    "names": {"default": None, "description": "Member names in events and stats."},
+}
+
 
 @dataclass(frozen=True)
 class EnsembleSettings:

@@ -27,7 +27,12 @@ from core.config import Delta, GenerationConfig
 from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.events import Event
-from core.integration import EnsembleHandle, EnsembleSettings, generation_config
+from core.integration import (
+    LOADING_FIELDS,
+    EnsembleHandle,
+    EnsembleSettings,
+    generation_config,
+)
 from core.remote import Remote
 from core.sources import model_sources
 
@@ -130,18 +135,11 @@ class ChatEnsemble(BaseChatModel):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    models: list[str | Remote] = Field(
-        default_factory=list,
-        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(a dict of Remote's fields works too). SAFE: the first one drafts.",
-    )
-    method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
-    method_options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
-    )
-    device: str | list[str] = Field(default="auto", description="One for all, or per member.")
-    dtype: str | list[str] = Field(default="auto", description="One for all, or per member.")
+    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    method: str = Field(**LOADING_FIELDS["method"])
+    method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
+    device: str | list[str] = Field(**LOADING_FIELDS["device"])
+    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
 
     model_name: str = Field(default="", alias="model", description="Reported model name.")
     temperature: float | None = Field(default=None, description="0 or None: greedy.")

@@ -50,6 +50,7 @@ from core.concurrency import iterate_in_thread
 from core.events import Event
 from core.integration import (
     ALIASES,
+    LOADING_FIELDS,
     EnsembleHandle,
     EnsembleSettings,
     ResponseRecord,
@@ -141,18 +142,12 @@ class EnsembleLLM(FunctionCallingLLM):
         under `raw["ensemble"]` (`core.summary.request_summary`).
     """
 
-    models: list[str | Remote] = Field(
-        default_factory=list,
-        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(SAFE drafts with the first).",
-    )
-    method: str = Field(default="safe", description="'safe' | 'specem' | 'token' | 'single'.")
-    method_options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the method, e.g. {'member': 1}."
-    )
-    device: str | list[str] = Field(default="auto", description="One device, or one per model.")
-    dtype: str | list[str] = Field(default="auto", description="One dtype, or one per model.")
-    names: list[str] | None = Field(default=None, description="Member names in events/stats.")
+    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    method: str = Field(**LOADING_FIELDS["method"])
+    method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
+    device: str | list[str] = Field(**LOADING_FIELDS["device"])
+    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
+    names: list[str] | None = Field(**LOADING_FIELDS["names"])
     max_new_tokens: int = Field(default=256, description="Output tokens per call (num_output).")
     temperature: float = Field(default=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, description="Nucleus sampling when temperature > 0.")
