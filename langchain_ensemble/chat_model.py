@@ -20,7 +20,14 @@ from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from core.concurrency import iterate_in_thread
 from core.config import Delta, GenerationConfig
@@ -34,7 +41,7 @@ from core.integration import (
     generation_config,
 )
 from core.remote import Remote
-from core.sources import model_sources
+from core.sources import model_sources, public_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_core_messages
@@ -173,6 +180,10 @@ class ChatEnsemble(BaseChatModel):
     @classmethod
     def _model_list(cls, value: Any) -> list[str | Remote]:
         return model_sources(value)
+
+    @field_serializer("models")
+    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+        return public_sources(models)  # keys stay out of dumps, traces and saved configs
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:

@@ -30,7 +30,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, field_serializer
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import (
     LLMStructuredPredictEndEvent,
@@ -57,7 +57,7 @@ from core.integration import (
     generation_config,
 )
 from core.remote import Remote
-from core.sources import model_sources
+from core.sources import model_sources, public_sources
 from core.tool_calls import ToolCall
 
 from .events import to_instrumentation
@@ -160,6 +160,10 @@ class EnsembleLLM(FunctionCallingLLM):
     )
 
     _handle: EnsembleHandle = PrivateAttr(default_factory=EnsembleHandle)
+
+    @field_serializer("models")
+    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+        return public_sources(models)  # keys stay out of to_dict, to_json and saved configs
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
         if data.get("models") is not None:
