@@ -27,7 +27,7 @@ from typing import Any
 from ..config import GenerationConfig, Output
 from ..ensemble import Ensemble
 from ..errors import InvalidConfigError
-from ..grammar import closed_schema
+from ..json_schema import closed_schema
 from ..member import Member
 from ..methods import method_class
 from ..tool_calls import ToolCall
