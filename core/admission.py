@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -43,7 +43,9 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
-        self._changed = threading.Condition()
+        lock = threading.RLock()
+        self._changed = threading.Condition(lock)  # a slot freed: wakes one queued request
+        self._counted = threading.Condition(lock)  # any count moved: wakes every watcher
         self._running = 0
         self._waiting = 0
         self._quick = False  # this admission holds the quick switch interval
@@ -54,11 +56,24 @@ class Admission:
 
     @property
     def running(self) -> int:
+        """Requests running now."""
         return self._running
 
     @property
     def waiting(self) -> int:
+        """Requests waiting in the queue for a slot now."""
         return self._waiting
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until `condition()` (which reads `running` and `waiting`) holds, rechecked each
+        time a count changes; False if `timeout` seconds pass first. For monitors and tests
+        that must see a request start, queue or finish without polling."""
+        with self._counted:
+            return self._counted.wait_for(condition, timeout)
+
+    def _moved(self) -> None:
+        """A count changed (called under the lock)."""
+        self._counted.notify_all()
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -70,6 +85,7 @@ class Admission:
             with self._changed:
                 self._running -= 1
                 self._changed.notify()
+                self._moved()
                 self._follow_load()
 
     def _follow_load(self) -> None:
@@ -115,22 +131,20 @@ class Admission:
             self._reclaimed = now
         gc.collect()
 
-    def _take(self) -> bool:
-        """Take a free slot if there is one (called under the lock)."""
-        if self._running >= self.max_concurrency:
+    def _take(self, nested: bool = False) -> bool:
+        """Take a free slot if there is one, or any slot for a nested request (called under
+        the lock)."""
+        if not nested and self._running >= self.max_concurrency:
             return False
         self._running += 1
+        self._moved()
         self._follow_load()
         return True
 
     def _acquire(self) -> None:
         nested = getattr(self._inside, "depth", 0) > 1  # this request runs inside another
         with self._changed:
-            if nested:
-                self._running += 1
-                self._follow_load()
-                return
-            if self._take():
+            if self._take(nested):
                 return
         self._reclaim()  # outside the lock: a collected stream takes it to free its slot
         with self._changed:
@@ -144,6 +158,7 @@ class Admission:
                     "max_queue when building the Ensemble."
                 )
             self._waiting += 1
+            self._moved()
         deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         try:
             with request_threads.parked():  # waiting for a slot: no pass will come from it
@@ -152,6 +167,7 @@ class Admission:
         finally:
             with self._changed:
                 self._waiting -= 1
+                self._moved()
 
     def _wait_for_slot(self, deadline: float | None) -> bool:
         """Wait up to a second for a free slot and take it (False: none yet); past the queue
