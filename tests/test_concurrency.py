@@ -205,7 +205,7 @@ async def test_a_cancelled_task_frees_its_slot(shipped_members):
 
 
 @needs_trained
-def test_a_queue_timeout_is_an_error(shipped_members):
+def test_a_full_queue_and_a_queue_timeout_are_errors(shipped_members):
     ens = Ensemble(list(shipped_members), "single", max_concurrency=1, max_queue=1,
                    queue_timeout=0.05)  # fmt: skip
     holder = ens.stream(PROBLEMS[0].messages, CONFIG)
@@ -228,23 +228,6 @@ def test_a_queue_timeout_is_an_error(shipped_members):
     holder.close()  # the queued request gets the slot and runs
     queued.join()
     assert outs[0].text and ens.admission.running == ens.admission.waiting == 0
-
-
-@needs_trained
-def test_a_full_queue_is_an_error(shipped_members):
-    ens = Ensemble(list(shipped_members), "single", max_concurrency=1, max_queue=1)
-    holder = ens.stream(PROBLEMS[0].messages, CONFIG)
-    next(holder)
-    outs = []
-    queued = threading.Thread(target=lambda: outs.append(ens.generate(PROBLEMS[1].messages)))
-    queued.start()
-    while ens.admission.waiting == 0:  # it waits (for as long as it takes) in the queue
-        threading.Event().wait(0.001)
-    with pytest.raises(EnsembleBusyError, match="max_queue"):  # the queue (1) is full
-        ens.generate(PROBLEMS[2].messages, CONFIG)
-    holder.close()
-    queued.join()  # then the queued request runs
-    assert outs[0].text and ens.admission.running == 0
 
 
 @needs_trained
