@@ -40,6 +40,11 @@ class Admission:
     def running(self) -> int:
         return self._running
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return self._waiting
+
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
         """Hold one of the `max_concurrency` slots (waiting in the queue if need be)."""

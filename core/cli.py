@@ -1,4 +1,4 @@
-"""`llm-ensembling demo | generate | bench | soak`."""
+"""`llm-ensembling demo | generate | bench | soak | serve`."""
 
 from __future__ import annotations
 
@@ -296,6 +296,48 @@ def soak(args: argparse.Namespace) -> None:
         )
 
 
+def serve(args: argparse.Namespace) -> int:
+    from .serve.settings import build_settings, read_config
+
+    settings = build_settings(
+        read_config(args.config) if args.config else None,
+        ensemble={
+            "members": args.model or None,
+            "method": args.method,
+            "options": _options(args.option) or None,
+            "device": args.device,
+            "dtype": args.dtype,
+            "on_member_failure": args.on_member_failure,
+            "max_concurrency": args.max_concurrency,
+            "max_queue": args.max_queue,
+            "queue_timeout": args.queue_timeout,
+        },
+        server={
+            "host": args.host,
+            "port": args.port,
+            "names": args.name or None,
+            "api_key_file": args.api_key_file,
+            "grace_seconds": args.grace,
+            "log_level": args.log_level,
+        },
+        limits={name: getattr(args, name) for name in _SERVE_LIMITS},
+        api_keys=args.api_key,
+    )
+    try:
+        from .serve.runner import run as run_server
+    except ImportError as error:
+        raise InvalidConfigError(
+            f"serve needs the serve extra ({error.name} is missing): "
+            "pip install 'llm-ensembling[serve]'."
+        ) from None
+    return run_server(settings)
+
+
+_SERVE_LIMITS = (
+    "max_body_bytes", "max_messages", "max_tools", "max_schema_bytes", "max_tokens", "max_stop",
+)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-ensembling", description="Several local LLMs answering as one."
@@ -400,6 +442,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(func=soak)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve the ensemble as one OpenAI-compatible model over HTTP (needs the serve extra)",
+    )
+    p.add_argument("--config", default=None, help="ensemble.toml: members, method, options, ...")
+    p.add_argument("--model", action="append", default=[], help="repeat for each member")
+    p.add_argument("--method", default=None, help="safe | specem | token | single")
+    p.add_argument("--option", action="append", default=[], help="method option key=value")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--on-member-failure", default=None, choices=["raise", "drop"])
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--max-queue", type=int, default=None)
+    p.add_argument("--queue-timeout", type=float, default=None, help="seconds; then 429")
+    p.add_argument("--host", default=None, help="default 127.0.0.1 (others need a key)")
+    p.add_argument("--port", type=int, default=None, help="default 8000")
+    p.add_argument("--name", action="append", default=[], help="served model name (repeat)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="a key clients send as a bearer token (repeat); also LLM_ENSEMBLING_API_KEY",
+    )
+    p.add_argument("--api-key-file", default=None, help="keys, one per line")
+    p.add_argument("--grace", type=float, default=None, help="seconds to drain on SIGTERM")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    for name in _SERVE_LIMITS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    p.set_defaults(func=serve)
     return parser
 
 
@@ -408,11 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        args.func(args)
+        return int(args.func(args) or 0)
     except EnsembleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":
