@@ -18,8 +18,9 @@ from core.serve.settings import ServeSettings
 
 
 @contextlib.contextmanager
-def running_server(load, **settings) -> Iterator[tuple[str, object]]:
-    """Yields the server's base URL (".../v1" not included) and its app."""
+def running_server(load, ready: bool = True, **settings) -> Iterator[tuple[str, object]]:
+    """Yields the server's base URL (".../v1" not included) and its app, once it listens (and,
+    when `ready`, once `load` has returned)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -29,7 +30,7 @@ def running_server(load, **settings) -> Iterator[tuple[str, object]]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
-    while not (server.started and app.lifecycle.phase != "loading"):
+    while not (server.started and (app.lifecycle.phase != "loading" or not ready)):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
