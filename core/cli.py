@@ -319,6 +319,7 @@ def serve(args: argparse.Namespace) -> int:
             "api_key_file": args.api_key_file,
             "grace_seconds": args.grace,
             "log_level": args.log_level,
+            "threads": args.threads,
         },
         limits={name: getattr(args, name) for name in _SERVE_LIMITS},
         api_keys=args.api_key,
@@ -469,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None, help="keys, one per line")
     p.add_argument("--grace", type=float, default=None, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     for name in _SERVE_LIMITS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.set_defaults(func=serve)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
+from llama_index.core.agent.workflow import ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
 from serve_helpers import Bodies, calls_of, reference, running_server

@@ -128,7 +128,10 @@ class EnsembleApp:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.starlette(scope, receive, send_with_id)
+        try:
+            await self.starlette(scope, receive, send_with_id)
+        except asyncio.CancelledError:  # uvicorn's grace period ended: the request is cut
+            log.warning("request %s cut at the end of the grace period", request_id)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -136,6 +139,14 @@ class EnsembleApp:
     async def _lifespan(self, _app) -> AsyncIterator[None]:
         threading.Thread(target=self._load_models, name="ensemble-load", daemon=True).start()
         yield
+        await self._stopped()
+
+    async def _stopped(self, wait: float = 30.0) -> None:
+        """At shutdown, requests cut at the grace period stop at their next forward pass: wait
+        for that, so no model computes while the process exits."""
+        deadline = time.monotonic() + wait
+        while self._running() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def _load_models(self) -> None:
         try:

@@ -81,6 +81,20 @@ def build(
 def run(settings: ServeSettings) -> int:
     """Serve until stopped; 0 after a drain, 1 when the models failed to load."""
     settings.check_bind()
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    _log_like_uvicorn(settings.log_level)
     server, app = build(settings)
     server.run()
     return 1 if app.lifecycle.phase == "failed" else 0
+
+
+def _log_like_uvicorn(level: str) -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level.upper())

@@ -102,6 +102,7 @@ class ServeSettings:
     limits: Limits = field(default_factory=Limits)
     grace_seconds: float = 30.0  # in-flight requests may finish this long after SIGTERM
     log_level: str = "info"
+    threads: int | None = None  # torch CPU threads (None: torch's default)
 
     def __post_init__(self) -> None:
         if not self.names or any(not isinstance(n, str) or not n for n in self.names):
@@ -113,6 +114,8 @@ class ServeSettings:
                 raise InvalidConfigError(f"limit {name}={value!r} must be a positive integer.")
         if not 0 <= self.port <= 65535:
             raise InvalidConfigError(f"port {self.port} is not a TCP port (0..65535).")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise InvalidConfigError(f"threads={self.threads!r} must be a positive integer.")
         if not self.grace_seconds >= 0:
             raise InvalidConfigError(f"grace_seconds={self.grace_seconds!r} must be >= 0.")
 
@@ -156,7 +159,9 @@ def read_keys(
 
 
 _TOP = {f.name for f in dataclasses.fields(EnsembleSpec)}
-_SERVER = {"host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level"}
+_SERVER = {
+    "host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level", "threads",
+}  # fmt: skip
 _LIMITS = {f.name for f in dataclasses.fields(Limits)}
 
 
