@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
 
 from core.config import GenerationConfig, Output
-from core.serve.runner import build
+from core.serve.runner import serve_in_thread
 from core.serve.settings import ServeSettings
 
 
@@ -21,25 +18,9 @@ from core.serve.settings import ServeSettings
 def running_server(load, ready: bool = True, **settings) -> Iterator[tuple[str, object]]:
     """Yields the server's base URL (".../v1" not included) and its app, once it listens (and,
     when `ready`, once `load` has returned)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     settings.setdefault("log_level", "warning")
-    server, app = build(ServeSettings(port=port, **settings), load=load)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not (server.started and (app.lifecycle.phase != "loading" or not ready)):
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_in_thread(ServeSettings(**settings), load, ready) as (url, app):
+        yield url, app
 
 
 class Bodies:

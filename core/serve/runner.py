@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import uvicorn
@@ -76,6 +78,33 @@ def build(
     )
     holder["server"] = DrainingServer(config, app)
     return holder["server"], app
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    settings: ServeSettings, load: Callable[[], Ensemble], ready: bool = True
+) -> Iterator[tuple[str, EnsembleApp]]:
+    """A server on a free loopback port, in a thread of this process (a notebook, a test, a
+    benchmark that also calls the ensemble in process): yields its base URL and app once it
+    listens (and, when `ready`, once `load` returned). `settings.host`/`port` are ignored."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server, app = build(settings, load)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (server.started and (app.lifecycle.phase != "loading" or not ready)):
+        if time.monotonic() > deadline or not thread.is_alive():
+            sock.close()
+            raise RuntimeError(f"the server did not start ({app.lifecycle.error or 'timeout'})")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
 
 
 def run(settings: ServeSettings) -> int:

@@ -70,6 +70,7 @@ class EnsembleSpec:
     max_concurrency: int | None = None
     max_queue: int | None = None
     queue_timeout: float | None = 60.0
+    prefix_reuse: bool = True
 
     def load(self):
         from core import Ensemble
@@ -88,6 +89,7 @@ class EnsembleSpec:
             max_concurrency=self.max_concurrency,
             max_queue=self.max_queue,
             queue_timeout=self.queue_timeout,
+            prefix_reuse=self.prefix_reuse,
             **self.options,
         )
 
