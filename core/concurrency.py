@@ -18,7 +18,9 @@ T = TypeVar("T")
 _DONE = object()
 
 
-async def iterate_in_thread(iterator: Iterator[T]) -> AsyncIterator[T]:
+async def iterate_in_thread(iterator: Iterator[T], batched: bool = False) -> AsyncIterator[T]:
+    """`batched`: yield lists of every item that is ready (one or more), so a consumer slower
+    than the producer (a server writing each delta to a socket) catches up in one step."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
@@ -45,16 +47,28 @@ async def iterate_in_thread(iterator: Iterator[T]) -> AsyncIterator[T]:
 
     threading.Thread(target=worker, name="ensemble-stream", daemon=True).start()
     finished = False
+    waiting = None  # an end or an error found while batching, handled next
     try:
         while True:
-            item, error = await queue.get()
+            item, error = waiting or await queue.get()
+            waiting = None
             if error is not None:
                 finished = True
                 raise error
             if item is _DONE:
                 finished = True
                 return
-            yield item
+            if not batched:
+                yield item
+                continue
+            batch = [item]
+            while not queue.empty():
+                after = queue.get_nowait()
+                if after[1] is not None or after[0] is _DONE:
+                    waiting = after
+                    break
+                batch.append(after[0])
+            yield batch
     finally:
         stop.set()
         cancel = getattr(iterator, "cancel", None)

@@ -36,7 +36,14 @@ from core.summary import request_summary
 from .auth import Keys, check_host
 from .errors import APIError, bad_request, from_engine, internal
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import Answer, Request, chat_request, completion_request, invalid_calls
+from .protocol import (
+    Answer,
+    Request,
+    chat_request,
+    completion_request,
+    invalid_calls,
+    merged,
+)
 from .settings import Limits, ServeSettings
 
 log = logging.getLogger("llm_ensembling.serve")
@@ -337,7 +344,7 @@ class EnsembleApp:
         ensemble = self.lifecycle.require()
         started = time.perf_counter()
         stream = await asyncio.to_thread(ensemble.stream, request.messages, request.config)
-        deltas = iterate_in_thread(stream)
+        deltas = iterate_in_thread(stream, batched=True)  # a slow socket catches up at once
         answer = Answer(request, ensemble.summary())
         if not request.stream:
             deltas_list = await _unless_gone(http, _collect(deltas), deltas)
@@ -373,7 +380,7 @@ class EnsembleApp:
             opening = answer.first_chunk()
             if opening is not None:
                 yield _event(opening)
-            delta = first
+            delta = merged(first)
             while True:
                 events.extend(delta.events)
                 details = None
@@ -384,7 +391,7 @@ class EnsembleApp:
                     yield _event(chunk)
                 if delta.finish_reason is not None:
                     break
-                delta = await anext(deltas)
+                delta = merged(await anext(deltas))
             finished = True
             yield b"data: [DONE]\n\n"
         except EnsembleError as error:
@@ -417,8 +424,8 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-async def _collect(deltas: AsyncIterator) -> list:
-    return [delta async for delta in deltas]
+async def _collect(batches: AsyncIterator) -> list:
+    return [delta async for batch in batches for delta in batch]
 
 
 async def _unless_gone(http: HTTPRequest, work: Awaitable, deltas: AsyncIterator):

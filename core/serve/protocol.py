@@ -396,6 +396,20 @@ def completion_request(body: dict, names: Sequence[str], limits: Limits) -> Requ
 # ------------------------------------------------------------------------------ answers
 
 
+def merged(deltas: Sequence[Delta]) -> Delta:
+    """Consecutive deltas as one (a batch the engine wrote while the last chunk was sent)."""
+    if len(deltas) == 1:
+        return deltas[0]
+    last = deltas[-1]
+    return Delta(
+        "".join(d.text for d in deltas),
+        tuple(e for d in deltas for e in d.events),
+        last.finish_reason,
+        last.stats,
+        tuple(c for d in deltas for c in d.tool_calls),
+    )
+
+
 def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
 
