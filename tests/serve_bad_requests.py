@@ -377,12 +377,14 @@ ROWS: list[Row] = [
         path=COMPLETIONS,
     ),  # fmt: skip
     Row("echo asked", 422, "unsupported", "echo", body=completion(echo=True), path=COMPLETIONS),
-    Row("best_of = 2", 422, "unsupported", None, body=completion(best_of=2), path=COMPLETIONS),
+    Row(
+        "best_of = 2", 422, "unsupported", "best_of", body=completion(best_of=2), path=COMPLETIONS
+    ),  # fmt: skip
     Row(
         "suffix asked", 422, "unsupported", "suffix", body=completion(suffix="!"), path=COMPLETIONS
     ),  # fmt: skip
     # routes and states
-    Row("GET on the chat endpoint", 405, None, None, method="GET"),
+    Row("GET on the chat endpoint", 405, "method_not_allowed", None, method="GET"),
     Row("an unknown path", 404, "unknown_url", None, body=chat(), path="/v1/embeddings"),
     Row("the queue is full", 429, "queue_full", None, body=chat(), setup="busy"),
     Row("while the models load", 503, "loading", None, body=chat(), setup="loading"),

@@ -231,7 +231,11 @@ class EnsembleApp:
 
     async def _http_error(self, request: HTTPRequest, error: HTTPException) -> Response:
         if error.status_code == 405:
-            api = APIError(405, f"{request.method} is not allowed on {request.url.path}.")
+            api = APIError(
+                405,
+                f"{request.method} is not allowed on {request.url.path}.",
+                code="method_not_allowed",
+            )
         else:
             api = APIError(
                 error.status_code,

@@ -123,7 +123,9 @@ def _nothing_asked(body: dict, completion: bool) -> None:
     if completion:
         best = _integer(body, "best_of", 1, 128)
         if best not in (None, 1):
-            raise unsupported("best_of > 1 is not supported; send one request per answer.")
+            raise unsupported(
+                "best_of > 1 is not supported; send one request per answer.", "best_of"
+            )
         if _boolean(body, "echo"):
             raise unsupported("echo is not supported: the prompt is not repeated.", "echo")
         if body.get("suffix") not in (None, ""):
