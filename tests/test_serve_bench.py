@@ -24,8 +24,9 @@ def test_bench_serve_compares_http_with_in_process(tmp_path, shipped_members):
 
 def test_soak_serve_checks_every_answer(tmp_path, shipped_members):
     out = tmp_path / "soak"
-    argv = ["soak", "--serve", "--requests", "16", "--window", "8", "--methods", "single,safe",
-            "--tasks", "3", "--max-new-tokens", "12", "--problems", "4", "--out", str(out)]  # fmt: skip
+    argv = ["soak", "--serve", "--requests", "16", "--window", "8", "--methods",
+            "single,safe", "--tasks", "3", "--max-new-tokens", "12", "--problems", "4",
+            "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "results.json").read_text())
     assert result["requests"] == 16 and len(result["windows"]) == 2
