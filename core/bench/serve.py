@@ -25,6 +25,7 @@ import gc
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import statistics
@@ -98,12 +99,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process, or of process `pid` (Linux)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def server_process(
     models: Sequence[str], setup: Setup, max_concurrency: int, threads: int | None, log: Path
-) -> Iterator[str]:
-    """`llm-ensembling serve` for one setup, in its own process; stopped with SIGTERM (which
-    must end it with exit status 0)."""
+) -> Iterator[tuple[str, int]]:
+    """`llm-ensembling serve` for one setup, in its own process (yields its URL and pid);
+    stopped with SIGTERM (which must end it with exit status 0)."""
     port = _free_port()
     config = {
         "members": [models[i] for i in setup.chosen(len(models))],
@@ -136,7 +147,7 @@ def server_process(
                 if httpx.get(url + "/health", timeout=5).status_code == 200:
                     break
             time.sleep(0.1)
-        yield url
+        yield url, process.pid
     finally:
         process.send_signal(signal.SIGTERM)
         code = process.wait(120)
@@ -186,13 +197,14 @@ def _process_block(ensemble: Ensemble, items, level: int, max_tokens: int):
     return time.perf_counter() - started, samples
 
 
-def _row(label: str, level: int, mode: str, wall: float, samples: list[dict]) -> dict:
+def _row(label, level, mode, wall, samples, cpu: float, client_cpu: float | None) -> dict:
     seconds = [s["seconds"] for s in samples]
     firsts = [s["first"] for s in samples if s["first"] is not None]
     tokens = sum(s["tokens"] for s in samples)
     return {
         "label": label, "level": level, "mode": mode, "requests": len(samples),
         "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+        "cpu_s": cpu, "client_cpu_s": client_cpu, "cpu_ms_per_token": 1000 * cpu / tokens,
         "p50_ms": 1000 * _percentile(seconds, 50), "p95_ms": 1000 * _percentile(seconds, 95),
         "ttft_p50_ms": 1000 * _percentile(firsts, 50) if firsts else None,
         "ttft_p95_ms": 1000 * _percentile(firsts, 95) if firsts else None,
@@ -220,16 +232,19 @@ def run_load(
     for setup in setups:
         ensemble = ensemble_for(members, setup, max_concurrency=max(levels))
         same[setup.label] = {}
-        with server_process(models, setup, max(levels), threads, log) as url:
+        with server_process(models, setup, max(levels), threads, log) as (url, pid):
             for k, level in enumerate(levels):
                 texts = {}
                 for mode in ("http", "process") if k % 2 == 0 else ("process", "http"):
+                    mine, server = cpu_seconds(), cpu_seconds(pid)
                     if mode == "http":
                         wall, samples = asyncio.run(_http_block(url, items, level, max_new_tokens))
+                        cpu, client = cpu_seconds(pid) - server, cpu_seconds() - mine
                     else:
                         wall, samples = _process_block(ensemble, items, level, max_new_tokens)
+                        cpu, client = cpu_seconds() - mine, None
                     texts[mode] = [s["text"] for s in samples]
-                    rows.append(_row(setup.label, level, mode, wall, samples))
+                    rows.append(_row(setup.label, level, mode, wall, samples, cpu, client))
                 same[setup.label][level] = sum(
                     a == b for a, b in zip(texts["http"], texts["process"], strict=True)
                 )
@@ -253,8 +268,9 @@ def load_markdown(result: dict) -> str:
         f"{result['load_before'][0]:.2f} before, {result['load_after'][0]:.2f} after.",
         "",
         "| method | clients | HTTP tokens/s | in process | HTTP / in process | p50 ms HTTP / in "
-        "process | p95 ms | first text p50 ms | same text |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "process | p95 ms | first text p50 ms | CPU ms per token: server / in process | same "
+        "text |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     by = {(r["label"], r["level"], r["mode"]): r for r in result["rows"]}
     for label, levels in result["same_text"].items():
@@ -267,8 +283,15 @@ def load_markdown(result: dict) -> str:
                 f"{ratio:.2f}{mark} | {h['p50_ms']:.0f} / {p['p50_ms']:.0f} | "
                 f"{h['p95_ms']:.0f} / {p['p95_ms']:.0f} | "
                 f"{_ms(h['ttft_p50_ms'])} / {_ms(p['ttft_p50_ms'])} | "
+                f"{h['cpu_ms_per_token']:.2f} / {p['cpu_ms_per_token']:.2f} | "
                 f"{same}/{h['requests']} |"
             )
+    lines += [
+        "",
+        "CPU ms per token: the server process's CPU time over its output tokens, against this "
+        "process's in process (the clients' own CPU time is in results.json): what serving "
+        "costs in work, whatever share of the machine the run was given.",
+    ]
     return "\n".join(lines) + "\n"
 
 
