@@ -349,7 +349,7 @@ class EnsembleApp:
         started = time.perf_counter()
         stream = await asyncio.to_thread(ensemble.stream, request.messages, request.config)
         deltas = iterate_in_thread(stream, batched=True)  # a slow socket catches up at once
-        answer = Answer(request, ensemble.summary())
+        answer = Answer(request)
         if not request.stream:
             deltas_list = await _unless_gone(http, _collect(deltas), deltas)
             out = Output.from_deltas(deltas_list)

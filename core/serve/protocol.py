@@ -416,9 +416,8 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
 
 
-def openai_call(call: ToolCall, index: int) -> dict[str, Any]:
+def openai_call(call: ToolCall) -> dict[str, Any]:
     return {
-        "index": index,
         "id": call.id,
         "type": "function",
         "function": {
@@ -428,18 +427,13 @@ def openai_call(call: ToolCall, index: int) -> dict[str, Any]:
     }
 
 
-def usage(stats: Stats) -> dict[str, int]:
-    return stats.usage()
-
-
 class Answer:
     """Builds one request's chunks (streaming) or its whole response, from its deltas."""
 
-    def __init__(self, request: Request, summary: dict) -> None:
+    def __init__(self, request: Request) -> None:
         self.request = request
         self.id = new_id(request.chat)
         self.created = int(time.time())
-        self.summary = summary  # the ensemble's method and members
         self.calls = 0  # tool calls sent so far (their stream index)
 
     def _base(self) -> dict[str, Any]:
@@ -469,7 +463,7 @@ class Answer:
             out.append({**self._base(), "choices": [self._choice(piece, None)]})
         calls = [c for c in delta.tool_calls if isinstance(c, ToolCall)]
         if calls and self.request.chat:
-            entries = [openai_call(c, self.calls + i) for i, c in enumerate(calls)]
+            entries = [{"index": self.calls + i, **openai_call(c)} for i, c in enumerate(calls)]
             self.calls += len(calls)
             out.append({**self._base(), "choices": [self._choice({"tool_calls": entries}, None)]})
         if delta.finish_reason is not None:
@@ -480,7 +474,7 @@ class Answer:
             finish["ensemble"] = details
             out.append(finish)
             if self.request.include_usage:
-                out.append({**self._base(), "choices": [], "usage": usage(delta.stats)})
+                out.append({**self._base(), "choices": [], "usage": delta.stats.usage()})
         return out
 
     def whole(self, text: str, finish: str, stats: Stats, calls: list, details: dict) -> dict:
@@ -494,13 +488,11 @@ class Answer:
                 "refusal": None,
             }
             if valid:
-                message["tool_calls"] = [openai_call(c, i) for i, c in enumerate(valid)]
-                for entry in message["tool_calls"]:
-                    del entry["index"]
+                message["tool_calls"] = [openai_call(c) for c in valid]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**base, "choices": [choice], "usage": usage(stats), "ensemble": details}
+        return {**base, "choices": [choice], "usage": stats.usage(), "ensemble": details}
 
 
 def invalid_calls(calls: Sequence[Any]) -> list[dict[str, Any]]:

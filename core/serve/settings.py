@@ -83,8 +83,8 @@ class EnsembleSpec:
         return Ensemble.from_pretrained(
             list(self.members),
             self.method,
-            device=self.device if not isinstance(self.device, list) else list(self.device),
-            dtype=self.dtype if not isinstance(self.dtype, list) else list(self.dtype),
+            device=self.device,
+            dtype=self.dtype,
             on_member_failure=self.on_member_failure,
             max_concurrency=self.max_concurrency,
             max_queue=self.max_queue,
