@@ -69,7 +69,7 @@ def build(
         app,
         host=settings.host,
         port=settings.port,
-        http="h11",
+        http="auto",  # httptools when installed (the serve extra brings it), else h11
         loop="asyncio",
         lifespan="on",
         log_level=settings.log_level,
