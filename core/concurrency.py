@@ -4,12 +4,16 @@ Both adapters (and `Ensemble.astream`) need this, so it lives in the core: a wor
 drives the generator and hands items to the loop through an asyncio queue; errors are re-raised
 in the consumer; when the consumer stops (cancelled, or breaks out), the worker stops at the next
 item and closes the generator, and an iterator with a `cancel()` (a request stream) is told at
-once, so the request stops at its next forward pass instead of computing one more item.
+once, so the request stops at its next forward pass instead of computing one more item. A
+request stream's worker counts as computing the request between its steps too (handing a delta
+to the loop is part of its step), so batched forward passes wait for it as for a thread that
+reads its own deltas (`RequestStream.computing`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
@@ -32,11 +36,13 @@ async def iterate_in_thread(iterator: Iterator[T], batched: bool = False) -> Asy
             stop.set()
 
     def worker() -> None:
+        computing = getattr(iterator, "computing", None)  # a request stream's batching mark
         try:
-            for item in iterator:
-                if stop.is_set():
-                    break
-                hand_over(item)
+            with computing() if computing is not None else contextlib.nullcontext():
+                for item in iterator:
+                    if stop.is_set():
+                        break
+                    hand_over(item)
         except BaseException as error:  # forwarded to the consumer, raised there
             hand_over(None, error)
         finally:
