@@ -20,13 +20,8 @@ from typing import Any
 
 from core.config import Delta, GenerationConfig, Stats
 from core.errors import InvalidConfigError
-from core.tools import (
-    InvalidToolCall,
-    ToolCall,
-    normalize_response_format,
-    normalize_tool_choice,
-    normalize_tools,
-)
+from core.tool_calls import InvalidToolCall, ToolCall
+from core.tools import normalize_response_format, normalize_tool_choice, normalize_tools
 
 from .errors import APIError, bad_request, from_engine, unsupported
 from .settings import Limits
