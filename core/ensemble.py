@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
+from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
@@ -317,6 +318,12 @@ class RequestStream(Iterator[Delta]):
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def computing(self):
+        """Count the calling thread as computing this request between its steps too (a worker
+        handing each delta on to an event loop): a batched pass then waits for its next pass as
+        it waits for a thread that reads its own deltas, instead of leaving it for the next one."""
+        return request_threads.running()
 
 
 class _Run:
