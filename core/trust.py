@@ -4,10 +4,13 @@ There is one `MemberTrust` per `Ensemble`, shared by all of its requests. Like t
 models, it lives longer than any one request. Labels are never needed. At each decision a
 method reports how far each member it asked backed what was committed, as a reward in
 [0, 1] (`TrustView.update`, the one call a method makes). A bounded multiplicative rule
-turns these rewards into weights that sum to 1. A request's decisions update the trust when
-the request finishes, in one locked step: concurrent requests lose no update, and a request
-that fails leaves no trace. The rule is Hedge (`hedge`, which SpecEM also
-uses inside a request), with a constant step and a lower clamp so that no weight reaches 0.
+turns these rewards into weights that sum to 1. The rule is Hedge (`hedge`, which SpecEM also
+uses inside a request) with a constant step, discounted: before each step the weights are
+raised to the power 1 - eta/SPREAD, so older decisions fade. The log-weights then settle at
+SPREAD times each member's recent rate of backing what was committed. They neither collapse
+onto the one member that backs a little more often nor stop adapting. A lower clamp keeps
+every weight above 0. A request's decisions update the trust when the request finishes, in one
+locked step: concurrent requests lose no update, and a request that fails leaves no trace.
 
 The methods read the weights as follows:
 - weighted aggregation in `token` and SAFE;
@@ -44,6 +47,10 @@ from .vocab import EOS
 
 # The defaults of the `Ensemble` options learn_weights, weight_lr, weight_floor and probe_every.
 LEARN, LR, FLOOR, PROBE_EVERY = False, 0.1, 0.1, 10
+# Learned log-weights settle at SPREAD x each member's recent rate of backing the committed text,
+# so a member that backs every decision ends at most e**SPREAD (55x) above one that backs none,
+# however long it learns: weights stay a graded mixture, not a collapse onto one member.
+SPREAD = 4.0
 MAX_ETA = 50.0  # Hedge's step, bounded: exp(50) cannot overflow, so weights never become NaN
 MIN_WEIGHT = 1e-6  # no weight falls below this: each stays positive, so each can recover
 FILE_FORMAT = "llm-ensembling member weights"
@@ -130,8 +137,10 @@ class TrustView:
 class MemberTrust:
     """Options, each checked at the call:
     - `learn`: update the weights from requests. False (the default) freezes them.
-    - `lr`: the Hedge step. Each update multiplies a member's weight by exp(lr * sqrt(1/K) *
-      reward), K being the members it covers.
+    - `lr`: the Hedge step. Each update multiplies a member's weight by exp(eta * reward),
+      where eta = lr * sqrt(1/K) and K is the number of members it covers. It first discounts
+      the weights by the power 1 - eta/SPREAD. A larger `lr` learns and forgets faster, but
+      not further.
     - `floor`: a member whose weight is below `floor` times an equal share (1/K) is not asked.
       It must be in [0, 1), so equal weights ask everyone, and so does 0.
     - `probe_every`: every N-th request also asks the members under the floor. Only learning
@@ -204,7 +213,9 @@ class MemberTrust:
             weights = self._weights.clone()
             for index, rewards in steps:
                 share = weights[index].sum()
-                weights[index] = hedge(weights[index] / share, rewards, self.lr, 1) * share
+                forget = min(self.lr * math.sqrt(1.0 / len(index)) / SPREAD, 1.0)
+                kept = (weights[index] / share).pow(1.0 - forget)  # older decisions fade
+                weights[index] = hedge(kept / kept.sum(), rewards, self.lr, 1) * share
                 if bool((weights < MIN_WEIGHT).any()):
                     weights = weights.clamp_min(MIN_WEIGHT)
                     weights = weights / weights.sum()

@@ -89,12 +89,15 @@ def test_frozen_weights_do_not_move_and_each_request_stands_alone(trio, method):
 
 
 def test_concurrent_requests_lose_no_update(trio):
-    """Every step of `token` reports one decision over the same three members. Hedge's updates
-    then multiply, so the final weights are the product of every update's factors, whatever
-    the order. A lost update would show in both the count and the weights."""
-    lr = 0.05
-    ens = Ensemble(trio, "token", learn_weights=True, weight_floor=0.0, weight_lr=lr)
-    outs, errors = [], []
+    """Every request here commits the same text, so it reports the same decisions, whatever
+    weights it started with. Eighteen requests on six threads must then leave the weights
+    where eighteen one-at-a-time requests leave them. A lost or torn update would show in the
+    count and in the weights."""
+
+    def ensemble():
+        return Ensemble(trio, "token", learn_weights=True, weight_floor=0.0, weight_lr=0.05)
+
+    ens, outs, errors = ensemble(), [], []
 
     def ask():
         try:
@@ -108,16 +111,16 @@ def test_concurrent_requests_lose_no_update(trio):
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors and len(outs) == 18
+    assert not errors and len(outs) == 18 and {o.text for o in outs} == {TEXT}
     updates = [u for out in outs for u in _updates(out)]
-    assert len(updates) == 18 and sum(u.decisions for u in updates) == ens.trust.updates > 0
-    assert ens.trust.updates in {u.updates for u in updates}
-    names = list(ens.member_weights)
-    total = torch.zeros(3, dtype=torch.float64)
-    for u in updates:
-        total += u.decisions * torch.tensor([u.rewards[n] for n in names], dtype=torch.float64)
-    expected = torch.softmax(lr * math.sqrt(1 / 3) * total, 0)
-    assert list(ens.member_weights.values()) == pytest.approx(expected.tolist(), rel=1e-9)
+    per_request = updates[0].decisions
+    assert len(updates) == 18 and {u.decisions for u in updates} == {per_request}
+    assert sorted(u.updates for u in updates) == [per_request * k for k in range(1, 19)]
+    assert ens.trust.updates == 18 * per_request
+    one_at_a_time = ensemble()
+    for _ in range(18):
+        one_at_a_time.generate(PROMPT, max_new_tokens=64)
+    assert ens.member_weights == pytest.approx(one_at_a_time.member_weights, rel=1e-9)
 
 
 # --- the floor and the probes ----------------------------------------------------------------
