@@ -53,11 +53,11 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
 The ensemble's member trust (`core.trust`) meets the loop at narrow hooks. Unless `drafter=` is
 given, the member trusted most drafts. P_ens and the consensus check's average are weighted by
 the trust, in the weighted form of the paper's App. H. Each ensemble point reports which
-members' likeliest strings backed the committed one. A consensus skip reports only where the
-verifiers' own average backs the drafted token without the drafter's vote. Then the drafter
-and the agreeing verifiers backed it, and a verifier that disagreed did not. Elsewhere the
-drafter's own probability decides the skip, and counting it would make whoever drafts look
-right. With equal weights, all of this is the paper's loop, bit for bit.
+members' likeliest strings backed the committed one. Consensus skips report nothing, for two
+reasons. The drafter's own probability helps decide them, so counting them makes whoever
+drafts look right. And a verifier's "agreement" there is with its own next token, which a
+coarse tokenizer (whole words, whole numbers) gets right less often than a fine one does.
+With equal weights, all of this is the paper's loop, bit for bit.
 
 Two extensions sit beside the paper's loop, both off by default:
 - `heal=True` (or "oov"): read a verifier by text where its tokens and the drafter's do not line
@@ -354,13 +354,8 @@ class Safe(Method):
         if any(cycle.heal.reads(i, j) for i in self.verifiers):
             cycle.request.stats.count(HEALED)
         weights = self._trust(cycle, [self.drafter, *self.verifiers])
-        if not self._agreed(own, agree, cycle.request.sampler, weights):
-            return None
-        if _mean(own[1:], weights and weights[1:]) > 0.5:  # the member trust's report, where
-            names = [self.members[i].name for i in [self.drafter, *self.verifiers]]  # the
-            backed = [1.0, *map(float, agree)]  # verifiers back the token without the drafter
-            cycle.request.trust.update(dict(zip(names, backed, strict=True)))
-        return SkipConsensus(at)
+        agreed = self._agreed(own, agree, cycle.request.sampler, weights)
+        return SkipConsensus(at) if agreed else None
 
     def _ensemble_here(
         self, cycle: _Cycle, j: int, pos: _Position, at: int, tokens: int
