@@ -29,20 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
+from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
+from .events import Event, MemberFailed, ToolCallEvent
 from .hf_member import HFMember
 from .member import ContextOverflow, Member
-from .methods import Commit, Method, Request, build_method, check_method
+from .methods import Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
-from .shaping import ResponseShaper
 from .sources import Models, model_sources
-from .tools import InvalidToolCall, ToolCall
+from .splitter import ResponseSplitter
+from .tool_calls import InvalidToolCall, ToolCall
 from .trust import FLOOR, LEARN, LR, PROBE_EVERY, MemberTrust, TrustView, check_options
 from .validate import check_bool
 
@@ -88,9 +89,9 @@ class Ensemble:
             else:
                 seen[member.name] = 1
         self.members = list(members)
-        self.method_name = method
-        self.options = dict(options)
-        self.method = build_method(method, self.members, options)
+        self.method = method  # its name, as given; `algorithm` runs it
+        self.method_options = dict(options)
+        self.algorithm = build_method(method, self.members, options)
         self.trust = MemberTrust(
             [m.name for m in self.members],
             learn=learn_weights,
@@ -280,7 +281,27 @@ class Ensemble:
     def summary(self) -> dict:
         """The method, its settings and the member trust, as the next request would see them
         (SAFE: the drafter that trust picks)."""
-        return {**self.method.trusting(self.trust.weights).summary(), **self.trust.summary()}
+        return {**self._trusted_algorithm().summary(), **self.trust.summary()}
+
+    @property
+    def active_members(self) -> list[Member]:
+        """The members the method runs, its leading one first (SAFE's drafter, `single`'s
+        member): a request starts only these (as the member trust stands now)."""
+        return list(self._trusted_algorithm().active)
+
+    @property
+    def prompt_tokenizer(self):
+        """The tokenizer `input_tokens` counts the prompt in: the leading active member's."""
+        return self._trusted_algorithm().active[0].tokenizer
+
+    @property
+    def context_window(self) -> int:
+        """The smallest window among the active members: a prompt and its answer must fit all."""
+        return min(member.context_window for member in self.algorithm.active)
+
+    def _trusted_algorithm(self) -> Method:
+        """The method as the next request would run it (SAFE: the drafter trust picks)."""
+        return self.algorithm.trusting(self.trust.weights)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -302,30 +323,30 @@ class Ensemble:
         """A request's own member views and method copy, with every prompt rendered."""
         cancel = threading.Event()
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
-        method = self.method.bind(members)
+        algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
-        if len(method.active) > 1:  # trust weighs members that decide together
-            method = self._trusted(method, request)
-        tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
-        for member in method.active:
+        if len(algorithm.active) > 1:  # trust weighs members that decide together
+            algorithm = self._trusted(algorithm, request)
+        tools = config.tools if config.calls_tools else ()
+        for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint
             )
-        run = _Run(self, members, method, request)
+        run = _Run(self, members, algorithm, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
 
-    def _trusted(self, method: Method, request: Request) -> Method:
+    def _trusted(self, algorithm: Method, request: Request) -> Method:
         """The request's method under the member trust: members under the floor left out
         (unless this request probes them), roles that follow trust set, and the request's
         handle for reporting decisions."""
         plan = self.trust.plan()
-        for name in [m.name for m in method.members if m.name not in plan.asked]:
-            method = method.without(name)
+        for name in [m.name for m in algorithm.members if m.name not in plan.asked]:
+            algorithm = algorithm.without(name)
         request.trust = TrustView(plan.weights, self.trust)
         request.stats.member_weights = dict(plan.weights)
         if plan.probe:
             request.stats.count("trust_probe")
-        return method.trusting(plan.weights)
+        return algorithm.trusting(plan.weights)
 
 
 class RequestStream(Iterator[Delta]):
@@ -354,30 +375,36 @@ class RequestStream(Iterator[Delta]):
     def cancel(self) -> None:
         self._cancel.set()
 
+    def computing(self):
+        """Count the calling thread as computing this request between its steps too (a worker
+        handing each delta on to an event loop): a batched pass then waits for its next pass as
+        it waits for a thread that reads its own deltas, instead of leaving it for the next one."""
+        return request_threads.running()
+
 
 class _Run:
     """One request in flight: the loop from commits to deltas, the member-failure policy."""
 
-    def __init__(self, ensemble: Ensemble, members, method: Method, request: Request) -> None:
+    def __init__(self, ensemble: Ensemble, members, algorithm: Method, request: Request) -> None:
         self.ensemble = ensemble
         self.members = members
-        self.method = method
+        self.algorithm = algorithm
         self.request = request
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
         self.call_opened = 0  # stats.ensembled when the open call region began
-        self.held = ""  # content of the last commit, shown with the last delta...
-        self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
+        self.last_text = ""  # content of the last commit, shown with the last delta...
+        self.last_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
             self.started = time.perf_counter()
-            shaper = ResponseShaper(self.request.config)
+            splitter = ResponseSplitter(self.request.config)
             try:
-                finish = yield from self._commits(shaper)
+                finish = yield from self._commits(splitter)
             except CallbackFailed as failed:
                 raise failed.error from None
-            text, calls = shaper.finish()
+            text, calls = splitter.finish()
             self._report(calls)
             learned = self.request.trust.commit()  # a request that fails never gets here
             if learned is not None:
@@ -386,82 +413,61 @@ class _Run:
                 isinstance(c, InvalidToolCall) for c in self.calls
             ):
                 finish = "tool_calls"  # every call whole (a grammar closes them itself)
-            last = self._last(self.held + text, finish, self.held_calls + calls)
+            last = self._last(self.last_text + text, finish, self.last_calls + calls)
             for member in self.members:  # a finished request's prefixes serve later ones
                 member.keep_prefix()
             yield last
 
-    def _commits(self, shaper: ResponseShaper):
-        """Runs the method (again, without a failed member, under "drop") until it is done,
-        committing what the grammar forces between its steps; returns the finish reason."""
-        request, method = self.request, self.method
+    def _commits(self, splitter: ResponseSplitter):
+        """Runs the method (again, without a failed member, under "drop") until it is done;
+        returns the finish reason."""
+        request, algorithm = self.request, self.algorithm
         while True:
-            commits = method.run(request)
+            commits = algorithm.commits(request)
             try:
                 while True:
-                    forced = self._forced(method)
-                    commit = next(commits, None) if forced is None else forced
+                    commit = next(commits, None)
                     if commit is None:
                         return "length"
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
-                    opened = shaper.in_call
-                    text, calls = shaper.feed(commit.text)
-                    if shaper.in_call and not opened:
+                    opened = splitter.in_call
+                    text, calls = splitter.feed(commit.text)
+                    if splitter.in_call and not opened:
                         self.call_opened = request.stats.ensembled
                     self._report(calls)
-                    if shaper.stopped or commit.finish or request.remaining <= 0:
-                        finish = "stop" if shaper.stopped else (commit.finish or "length")
+                    if splitter.stop_string_found or commit.finish or request.remaining <= 0:
+                        finish = (
+                            "stop" if splitter.stop_string_found else (commit.finish or "length")
+                        )
                         if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(method, shaper, text, calls)  # a tag)
-                        self.held, self.held_calls = text, calls
+                            text, calls = self._close(algorithm, splitter, text, calls)  # a tag)
+                        self.last_text, self.last_calls = text, calls
                         return finish
                     if text or calls or request.pending:
                         yield self._delta(text, calls)
             except ContextOverflow:
                 return "length"
             except MemberError as error:
-                method = self._after_failure(method, error)
+                algorithm = self._after_failure(algorithm, error)
             except (EnsembleError, CallbackFailed):
                 raise
             except Exception as error:
                 raise MemberError(
-                    f"method {self.ensemble.method_name!r} failed: {type(error).__name__}: {error}"
+                    f"method {self.ensemble.method!r} failed: {type(error).__name__}: {error}"
                 ) from error
             finally:
                 commits.close()
 
-    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
-        """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None. It ends before its last
-        whitespace run unless `whole`: a space is written by the model with the word after it
-        (` "add",` can be one token), so the model continues from text it was trained on."""
-        request = self.request
-        if request.config.constraint is None:
-            return None
-        first = method.active[0]
-        if first.text != request.text:  # (a member holding part of a character keeps it)
-            first.sync(request.text)
-        text = first.forced()
-        if not whole:
-            text = text[: _last_space_run(text)]
-        if not text:
-            return None
-        before = first.n_tokens
-        first.sync(request.text + text)
-        request.emit(GrammarForced(request.stats.tokens, text))
-        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
-        return Commit(text, max(first.n_tokens - before, 0))
-
-    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
+    def _close(self, algorithm: Method, splitter: ResponseSplitter, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method, whole=True)
+        forced = algorithm.grammar_forced(self.request, whole=True)
         if forced is None:
             return text, calls
         self.request.text += forced.text
         self.request.stats.tokens += forced.tokens
-        more, closed = shaper.feed(forced.text)
+        more, closed = splitter.feed(forced.text)
         self._report(closed)
         return text + more, [*calls, *closed]
 
@@ -473,7 +479,7 @@ class _Run:
                 ensembled = self.request.stats.ensembled - self.call_opened
                 self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
-    def _after_failure(self, method: Method, error: MemberError) -> Method:
+    def _after_failure(self, algorithm: Method, error: MemberError) -> Method:
         """Report the failure; under "drop" the method without that member, else re-raise."""
         request = self.request
         name = error.member
@@ -481,10 +487,10 @@ class _Run:
         request.stats.count("member_failed")
         if name is not None:
             request.stats.failed[name] = str(error)
-        active = [m.name for m in method.active]
+        active = [m.name for m in algorithm.active]
         if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
             raise error
-        return method.without(name)
+        return algorithm.without(name)
 
     def _delta(self, text: str, calls) -> Delta:
         stats = self.request.stats
@@ -506,18 +512,6 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
-
-
-def _last_space_run(text: str) -> int:
-    """Where the last run of whitespace in `text` starts (its length when there is none)."""
-    end = len(text)
-    while end and not text[end - 1].isspace():
-        end -= 1
-    if not end:
-        return len(text)
-    while end and text[end - 1].isspace():
-        end -= 1
-    return end
 
 
 def _check_policy(policy: str) -> None:

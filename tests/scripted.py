@@ -39,7 +39,7 @@ class Scripted(HFMember):
         probs = self.sure * probs / probs.sum() + (1 - self.sure) / self.vocab.size
         return torch.log(probs.clamp_min(1e-13)).float()
 
-    def logprobs(self, boundaries):
+    def _model_logprobs(self, boundaries):
         self.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 
