@@ -42,7 +42,8 @@ LOADING_FIELDS: dict[str, dict[str, Any]] = {
     "models": {
         "default_factory": list,
         "description": "Local model directories, hub ids, or Remote(...) members served by "
-        "vLLM (a dict of Remote's fields works too); SAFE drafts with the first.",
+        "vLLM (a dict of Remote's fields works too); SAFE drafts with the most trusted (the "
+        "first while all are trusted alike).",
     },
     "method": {"default": "safe", "description": '"safe" | "specem" | "token" | "single".'},
     "method_options": {
@@ -58,7 +59,8 @@ LOADING_FIELDS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class EnsembleSettings:
     """How an adapter loads its engine: the members (paths, hub ids or `Remote`s; SAFE drafts
-    with the first), the method and its options, and per-member devices, dtypes and names."""
+    with the most trusted, the first while all are trusted alike), the method and its
+    options, and per-member devices, dtypes and names."""
 
     models: Sequence[str | Remote]
     method: str = "safe"

@@ -216,7 +216,8 @@ class ChatEnsemble(BaseChatModel):
 
     @property
     def ensemble(self) -> Ensemble:
-        """The engine (loaded on first use): weights, `reset_weights()`, members, `summary()`."""
+        """The engine (loaded on first use): `member_weights`, `save_weights()`, members,
+        `summary()`."""
         return self._handle.get(self._settings)
 
     # --- LangChain metadata -------------------------------------------------------------------
