@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench.commands import add_commands
+from .cli_options import parse_options
 from .errors import EnsembleError, InvalidConfigError
 from .serve.command import add_command as add_serve_command
 
@@ -25,19 +26,6 @@ def _available_methods() -> list[str]:
         except InvalidConfigError:
             pass
     return available
-
-
-def parse_options(pairs: Sequence[str]) -> dict:
-    """`--option key=value` pairs as method options."""
-    from .bench.setups import parse_value
-
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise InvalidConfigError(f"--option {pair!r}: use key=value, e.g. aggregator=gac.")
-        options[key] = parse_value(value)
-    return options
 
 
 def demo(args: argparse.Namespace) -> None:

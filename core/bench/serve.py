@@ -407,7 +407,7 @@ def run_soak(
 
     ensembles = {s.label: ensemble_for(members, s, on_member_failure="drop", prefix_reuse=True)
                  for s in setups}  # fmt: skip
-    active = {label: [m.name for m in e.method.active] for label, e in ensembles.items()}
+    active = {label: [m.name for m in e.active_members] for label, e in ensembles.items()}
     faults = FaultHooks(members)
     index = {m.name: k for k, m in enumerate(members)}
     plans = _plans(requests, list(ensembles), active, len(problems), seed)

@@ -169,7 +169,7 @@ class EnsembleApp:
         if self.lifecycle.phase == "loading":
             self.lifecycle.phase = "ready"
             self.metrics.ready.set(1)
-            log.info("ready: %s over %s", ensemble.method_name, [m.name for m in ensemble.members])
+            log.info("ready: %s over %s", ensemble.method, [m.name for m in ensemble.members])
 
     def drain(self) -> None:
         """Take no new requests (in-flight ones go on); /health says draining."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli_options import parse_options
 from ..errors import InvalidConfigError
 from .settings import build_settings, read_config
 
@@ -14,8 +15,6 @@ _LIMITS = (
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ..cli import parse_options
-
     settings = build_settings(
         read_config(args.config) if args.config else None,
         ensemble={
