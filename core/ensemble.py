@@ -306,22 +306,28 @@ class _Run:
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
-            self.started = time.perf_counter()
-            shaper = ResponseShaper(self.request.config)
             try:
-                finish = yield from self._commits(shaper)
-            except CallbackFailed as failed:
-                raise failed.error from None
-            text, calls = shaper.finish()
-            self._report(calls)
-            if any(isinstance(c, ToolCall) for c in self.calls) and not any(
-                isinstance(c, InvalidToolCall) for c in self.calls
-            ):
-                finish = "tool_calls"  # every call whole (a grammar closes them itself)
-            last = self._last(self.held + text, finish, self.held_calls + calls)
-            for member in self.members:  # a finished request's prefixes serve later ones
-                member.keep_prefix()
-            yield last
+                for member in self.method.active:  # the members' cache room, claimed up front
+                    member.reserve(self.request.config.max_new_tokens)
+                self.started = time.perf_counter()
+                shaper = ResponseShaper(self.request.config)
+                try:
+                    finish = yield from self._commits(shaper)
+                except CallbackFailed as failed:
+                    raise failed.error from None
+                text, calls = shaper.finish()
+                self._report(calls)
+                if any(isinstance(c, ToolCall) for c in self.calls) and not any(
+                    isinstance(c, InvalidToolCall) for c in self.calls
+                ):
+                    finish = "tool_calls"  # every call whole (a grammar closes them itself)
+                last = self._last(self.held + text, finish, self.held_calls + calls)
+                for member in self.members:  # a finished request's prefixes serve later ones
+                    member.keep_prefix()
+                yield last
+            finally:
+                for member in self.members:
+                    member.release()
 
     def _commits(self, shaper: ResponseShaper):
         """Runs the method (again, without a failed member, under "drop") until it is done,

@@ -74,6 +74,7 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
         task=task.name,
         levels=levels,
         max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
         out=args.out,
         command=_command(args),
     )
@@ -129,6 +130,8 @@ def bench(args: argparse.Namespace) -> None:
 
     if args.concurrency and args.grammar_cost:
         raise InvalidConfigError("--concurrency and --grammar-cost are two runs; pick one.")
+    if args.prompt_tokens is not None and not args.concurrency:
+        raise InvalidConfigError("--prompt-tokens pads the prompts of a --concurrency run; add it.")
     if args.concurrency:
         return _bench_concurrency(args)
     if args.grammar_cost:
@@ -251,6 +254,14 @@ def add_commands(sub) -> None:
         metavar="LEVELS",
         help="e.g. 1,2,4,8,16: every method (default options) at each number of concurrent "
         "requests, against the same requests one at a time (tokens/s, latency, same text)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --concurrency --form rag: pad each prompt's retrieved context with more "
+        "passages to about N tokens (e.g. 720, a RAG query's length)",
     )
     p.add_argument(
         "--grammar-cost",
