@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .bench.commands import add_commands, parse_value
+from .bench.commands import add_commands
 from .errors import EnsembleError, InvalidConfigError
 
 
@@ -26,6 +26,8 @@ def _available_methods() -> list[str]:
 
 
 def _options(pairs: Sequence[str]) -> dict:
+    from .bench.setups import parse_value
+
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

@@ -5,28 +5,20 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from pathlib import Path
 
 from ..errors import EnsembleError, InvalidConfigError
 
 
-def parse_value(value: str) -> Any:
-    """A command-line value as Python: None, a bool, an int, a float, else the string."""
-    lowered = value.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
-
-
 def _command(args: argparse.Namespace) -> str:
     return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
+
+
+def _show(args: argparse.Namespace) -> None:
+    """Where the run's results went, and its table as written there."""
+    path = Path(args.out) / "results.md"
+    print(path)
+    print(path.read_text())
 
 
 def _members_and_setups(args: argparse.Namespace):
@@ -67,7 +59,7 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
     levels = concurrency.parse_levels(args.concurrency)
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
-    result = concurrency.run(
+    concurrency.run(
         members=members,
         setups=setups,
         items=[messages for messages, _ in task.items],
@@ -78,8 +70,7 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
         out=args.out,
         command=_command(args),
     )
-    print(args.out.rstrip("/") + "/results.md")
-    print(concurrency.markdown(result))
+    _show(args)
 
 
 def _bench_grammar(args: argparse.Namespace) -> None:
@@ -88,7 +79,7 @@ def _bench_grammar(args: argparse.Namespace) -> None:
 
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
-    result = grammar.run(
+    grammar.run(
         members=members,
         setups=setups,
         items=[messages for messages, _ in task.items],
@@ -97,8 +88,7 @@ def _bench_grammar(args: argparse.Namespace) -> None:
         out=args.out,
         command=_command(args),
     )
-    print(args.out.rstrip("/") + "/results.md")
-    print(grammar.markdown(result))
+    _show(args)
 
 
 def _bench_tools(args: argparse.Namespace) -> None:
@@ -112,7 +102,7 @@ def _bench_tools(args: argparse.Namespace) -> None:
     task = tools.testbed_tool_task(args.n, args.seed)
     methods = [m for m in args.methods.split(",") if m]
     members, _ = _members_and_setups(args)
-    result = tools.run(
+    tools.run(
         members=members,
         setups=tools.tool_setups(methods, [m.name for m in members], args.config),
         task=task,
@@ -120,12 +110,11 @@ def _bench_tools(args: argparse.Namespace) -> None:
         out=args.out,
         command=_command(args),
     )
-    print(args.out.rstrip("/") + "/results.md")
-    print(tools.markdown(result))
+    _show(args)
 
 
 def bench(args: argparse.Namespace) -> None:
-    from .accuracy import markdown_table, run
+    from .accuracy import run
     from .setups import parse_setups
 
     if args.concurrency and args.grammar_cost:
@@ -144,7 +133,7 @@ def bench(args: argparse.Namespace) -> None:
     def setups_from(names: list[str]):
         return parse_setups(methods, aggregators, len(names), args.config, names)
 
-    result = run(
+    run(
         setups_from=setups_from,
         models=args.model,
         task=args.task,
@@ -162,8 +151,7 @@ def bench(args: argparse.Namespace) -> None:
         remote=args.remote,
         command=_command(args),
     )
-    print(args.out.rstrip("/") + "/results.md")
-    print(markdown_table(result["rows"], with_accuracy=args.shape is None))
+    _show(args)
 
 
 def soak(args: argparse.Namespace) -> None:
@@ -197,8 +185,7 @@ def soak(args: argparse.Namespace) -> None:
         out=args.out,
         command=_command(args),
     )
-    print(args.out.rstrip("/") + "/results.md")
-    print(soak_run.markdown(result))
+    _show(args)
     if result["mismatches"] or result["held_slots"]:
         raise EnsembleError(
             f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "

@@ -18,7 +18,6 @@ from ..hf_member import HFMember
 from ..member import Member
 from ..methods import METHOD_NAMES, method_class
 from .answers import answer_checker
-from .commands import parse_value
 
 # Random-weight shapes of real models, on the testbed tokenizers (speed only: accuracy is
 # meaningless for random weights). Keys are testbed model names.
@@ -247,3 +246,18 @@ def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
         model.generation_config = generation_config(spec, tok)
         members.append(HFMember(f"{name}-{shape}", model.eval(), tok))
     return members
+
+
+def parse_value(value: str) -> Any:
+    """A command-line value as Python: None, a bool, an int, a float, else the string."""
+    lowered = value.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
