@@ -395,9 +395,10 @@ def _rows_mask(jobs, lo, past, sizes, width, columns, device) -> torch.Tensor:
     only. Rows with their own pattern (verify-in-line scoring, branches) are written in."""
     column = torch.arange(columns, device=device)
     token = torch.arange(width, device=device)[:, None]
-    past = torch.tensor(past, device=device)[:, None, None]
-    real = token[None] < torch.tensor(sizes, device=device)[:, None, None]
-    allowed = torch.where(real, column <= past + token, column == 0)
+    allowed = column <= torch.tensor(past, device=device)[:, None, None] + token
+    if min(sizes) < width:  # padding: ids past a row's own, rows between requests
+        real = token[None] < torch.tensor(sizes, device=device)[:, None, None]
+        allowed = torch.where(real, allowed, column == 0)
     for job in jobs:
         if job.allowed is not None:
             b, n = job.row - lo, len(job.ids)

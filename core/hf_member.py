@@ -130,7 +130,7 @@ class HFMember(Member):
         scoring passes write past the end), claimed now rather than mid-request."""
         if self.store is not None:
             need = min(len(self._state.seq) + new_tokens, self.context_window) + _SCORING_ROOM
-            self._row(need)
+            self._store_row(need)
 
     def keep_prefix(self) -> None:
         kv = self._kv
@@ -155,7 +155,7 @@ class HFMember(Member):
         if self._kv is not None and keep < self._kv.length:
             self._state.cache = self._kv.crop(keep)
 
-    def _row(self, tokens: int = 0) -> KVRow:
+    def _store_row(self, tokens: int = 0) -> KVRow:
         """The request's row in the store (claimed, and a pooled prefix copied in, on first
         use), with room for `tokens` positions."""
         kv = self._kv
@@ -186,7 +186,7 @@ class HFMember(Member):
         job = Pass(ids=list(ids), keep=list(keep), past_len=cached, allowed=allowed,
                    positions=positions, raw=raw)  # fmt: skip
         if self.store is not None:
-            row = self._row()
+            row = self._store_row()
             job.row = row.slot.index
             self.batcher.run(job)
             self._state.cache = KVRow(row.slot, cached + len(ids))
@@ -204,7 +204,7 @@ class HFMember(Member):
         """The cache, in the store when there is one (a pass's result is then cropped back to
         exactly this value)."""
         if self.store is not None and self._kv is not None:
-            return self._row()
+            return self._store_row()
         return self._kv
 
     def _set_last_row(self, row: torch.Tensor | None) -> None:

@@ -62,10 +62,13 @@ def common_prefix(a: Sequence, b: Sequence) -> int:
 
 
 def free_bytes(device: torch.device | str) -> int:
-    """Memory free on the device now (a GPU's free memory, else the machine's available RAM)."""
+    """Memory free on the device now: a GPU's free memory (with what torch's allocator holds
+    unused), else the machine's available RAM."""
     device = str(device)
     if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.mem_get_info(torch.device(device))[0]
+        gpu = torch.device(device)
+        unused = torch.cuda.memory_reserved(gpu) - torch.cuda.memory_allocated(gpu)
+        return torch.cuda.mem_get_info(gpu)[0] + unused
     with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as info:
         for line in info:
             if line.startswith("MemAvailable:"):
@@ -243,7 +246,6 @@ class KVStore:
         self.capacity = 0
         self.released: list[int] = []  # rows given back by finalizers (appended lock-free)
         self._free: list[int] = []  # a heap: the lowest free row first keeps rows together
-        self._held = 0
         self.copies = 0
         self.growths = 0
 
@@ -259,13 +261,12 @@ class KVStore:
     def held(self) -> int:
         with self.lock:
             self._collect()
-            return self._held
+            return self.rows - len(self._free)
 
     def _collect(self) -> None:
         """Rows that slots gave back go to the free heap (under the lock)."""
         while self.released:
             heapq.heappush(self._free, self.released.pop())
-            self._held -= 1
 
     # --- rows and capacity ----------------------------------------------------------------------
 
@@ -274,9 +275,7 @@ class KVStore:
         store would have to grow beyond the free memory."""
         with self.lock:
             self._collect()
-            rows = self.rows if self._free else self._held + 1
-            self.fit(tokens, rows)
-            self._held += 1
+            self.fit(tokens, self.rows if self._free else self.rows + 1)
             return Slot(self, heapq.heappop(self._free))
 
     def fit(self, tokens: int, rows: int | None = None) -> None:
@@ -299,25 +298,28 @@ class KVStore:
         self._grow(new_rows, new_capacity)
 
     def _grow(self, rows: int, capacity: int) -> None:
-        keep = self._held > 0 and self.capacity > 0
-        old = list(zip(self.keys, self.values, strict=True))
-        self.keys, self.values = [], []
+        """New tensors with the old ones copied in (when any row is held), put in place at
+        once: an interrupt (Ctrl-C) anywhere before leaves the store as it was."""
+        keep = len(self._free) < self.rows and self.capacity > 0
+        keys, values = [], []
         for index, (kh, kd, vh, vd) in enumerate(self.layout.layers):
-            keys = torch.zeros(rows, kh, capacity, kd, dtype=self.layout.dtype, device=self.device)
-            values = torch.zeros(rows, vh, capacity, vd, dtype=self.layout.dtype,
-                                 device=self.device)  # fmt: skip
+            dtype, device = self.layout.dtype, self.device
+            keys.append(torch.zeros(rows, kh, capacity, kd, dtype=dtype, device=device))
+            values.append(torch.zeros(rows, vh, capacity, vd, dtype=dtype, device=device))
             if keep:
-                k, v = old[index]
-                keys[: self.rows, :, : self.capacity] = k
-                values[: self.rows, :, : self.capacity] = v
-            self.keys.append(keys)
-            self.values.append(values)
-        del old
-        for index in range(self.rows, rows):
-            heapq.heappush(self._free, index)
-        self.rows, self.capacity = rows, capacity
-        self.growths += 1
-        self.copies += int(keep)
+                keys[-1][: self.rows, :, : self.capacity] = self.keys[index]
+                values[-1][: self.rows, :, : self.capacity] = self.values[index]
+        free = self._free + list(range(self.rows, rows))
+        heapq.heapify(free)
+        self.__dict__.update(  # one call: no interrupt lands between these
+            keys=keys,
+            values=values,
+            rows=rows,
+            capacity=capacity,
+            _free=free,
+            growths=self.growths + 1,
+            copies=self.copies + int(keep),
+        )
 
     # --- prefixes in and out ------------------------------------------------------------------
 

@@ -364,3 +364,30 @@ def test_default_concurrency_comes_from_the_measured_cache_size(shipped_members,
     per_request = sum(m.kv_bytes_per_token * m.context_window for m in shipped_members)
     monkeypatch.setattr(core.admission, "free_bytes", lambda device: 20 * per_request + 1)
     assert default_concurrency(shipped_members) == 10
+
+
+def test_a_model_the_store_cannot_serve_runs_each_pass_alone_with_the_same_texts(
+    shipped_members,
+):
+    """The shipped Qwen2 model with sliding-window layers (a window longer than any request,
+    so its numbers do not change): its cache is not one plain tensor per layer, so it keeps
+    each request's own cache and runs every pass alone, writing what the store-served model
+    writes, alone and concurrently, for every method that scores and branches."""
+    from transformers import AutoModelForCausalLM
+
+    served = shipped_members[1]
+    model = AutoModelForCausalLM.from_pretrained(
+        model_paths()[1], layer_types=["sliding_attention"] * 4, use_sliding_window=True,
+        sliding_window=4096,
+    )  # fmt: skip
+    windowed = HFMember(served.name, model.eval(), served.tokenizer)
+    assert windowed.store is None and "DynamicSlidingWindowLayer" in windowed.batcher.unsupported
+    for method in ("single", "specem"):
+        members = [shipped_members[0], windowed] if method == "specem" else [windowed]
+        reference = [shipped_members[0], served] if method == "specem" else [served]
+        want = _texts(Ensemble(reference, method, prefix_reuse=False), 1)
+        ens = Ensemble(members, method, prefix_reuse=False)
+        passes, rows = windowed.batcher.batches, windowed.batcher.rows
+        assert _texts(ens, 1) == want
+        assert _texts(ens, len(PROBLEMS)) == want
+        assert windowed.batcher.batches - passes == windowed.batcher.rows - rows  # alone

@@ -186,10 +186,11 @@ def soak(args: argparse.Namespace) -> None:
         command=_command(args),
     )
     _show(args)
-    if result["mismatches"] or result["held_slots"]:
+    if result["mismatches"] or result["held_slots"] or result["held_rows"]:
         raise EnsembleError(
-            f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "
-            f"{result['held_slots']} request slots are still held; see {args.out}/results.md."
+            f"soak: {result['mismatches']} answers differ from a fresh ensemble's, "
+            f"{result['held_slots']} request slots and {result['held_rows']} key/value rows are "
+            f"still held; see {args.out}/results.md."
         )
 
 

@@ -343,6 +343,12 @@ class Soak:
                 return held
             time.sleep(0.05)
 
+    def held_rows(self) -> int:
+        """Rows of the models' key/value stores still held by a request (after a collection:
+        a dropped stream gives its rows back when it is collected)."""
+        gc.collect()
+        return sum(m.store.held for m in self.members if getattr(m, "store", None) is not None)
+
 
 def _p95(values: Sequence[float]) -> float:
     if len(values) < 2:
@@ -417,7 +423,7 @@ def markdown(result: dict) -> str:
         "batched pass raises again when the batcher reruns each pass alone).",
         f"Checked against a fresh ensemble: {result['checked_ok']} ok, "
         f"**{result['mismatches']} mismatches**; request slots held at the end: "
-        f"{result['held_slots']}.",
+        f"{result['held_slots']}; key/value store rows held: {result['held_rows']}.",
         "",
         "| requests | RSS MiB | Python objects | threads | p50 ms | p95 ms | wall s | outcomes |",
         "|---|---|---|---|---|---|---|---|",
@@ -489,6 +495,7 @@ def run(
     finally:
         soak.faults.remove()
     held = soak.held_slots()
+    rows = soak.held_rows()
     load_after = os.getloadavg()
     reference = References(models, device, dtype, soak.setups, config)
     check(outcomes, soak, reference)
@@ -508,6 +515,7 @@ def run(
         "checked_ok": sum(o.verdict == "ok" for o in outcomes),
         "mismatches": sum(o.verdict != "ok" for o in outcomes),
         "held_slots": held,
+        "held_rows": rows,
         "windows": windows,
         "outcomes": [asdict(o) for o in outcomes],
     }
