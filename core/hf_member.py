@@ -200,7 +200,7 @@ class HFMember(Member):
         self.seconds += time.perf_counter() - start
         return job.rows
 
-    def _held(self) -> KVRow | KVPrefix | None:
+    def _materialised(self) -> KVRow | KVPrefix | None:
         """The cache, in the store when there is one (a pass's result is then cropped back to
         exactly this value)."""
         if self.store is not None and self._kv is not None:
@@ -259,7 +259,7 @@ class HFMember(Member):
             tail = self._state.seq[visible:start]  # the prefix's uncached end (>= its last id)
             if not self.takes_block_mask:
                 return self._score_each(visible, tail, blocks, ends, raw)
-            kv = self._held()
+            kv = self._materialised()
             cached = self._cached
             flat = tail + [i for block in blocks for i in block]
             t = len(tail)
@@ -327,7 +327,7 @@ class HFMember(Member):
                     rows.append(self._forward(branch, [len(branch) - 1])[0])
                     self._rewind(prefix)
                 return torch.stack(rows)
-            kv, cached = self._held(), self._cached
+            kv, cached = self._materialised(), self._cached
             flat = [i for branch in branches for i in branch]
             allowed = block_mask(cached, prefix, 0, [len(b) for b in branches])
             positions, keep, offset = [], [], 0

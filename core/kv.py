@@ -191,6 +191,8 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
     )  # fmt: skip
     if getattr(config, "is_encoder_decoder", False):
         return layout, "it is an encoder-decoder model"
+    if len({layer.keys.device for layer in cache.layers}) > 1:
+        return layout, "its layers are spread over several devices"
     if attention not in ("eager", "sdpa"):
         return layout, f"its attention kernel ({attention!r}) takes no 4-D attention mask"
     return layout, None
