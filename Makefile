@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[langchain,llamaindex,bench,test]"
+	$(BIN)/python -m pip install -q -e ".[langchain,llamaindex,bench,serve,test]"
 	touch $(STAMP)
 
 setup: $(STAMP)

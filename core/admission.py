@@ -13,7 +13,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
@@ -28,7 +28,9 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
-        self._changed = threading.Condition()
+        lock = threading.RLock()
+        self._changed = threading.Condition(lock)  # a slot freed: wakes one queued request
+        self._counted = threading.Condition(lock)  # any count moved: wakes every watcher
         self._running = 0
         self._waiting = 0
         self._quick = False  # this admission holds the quick switch interval
@@ -36,7 +38,24 @@ class Admission:
 
     @property
     def running(self) -> int:
+        """Requests running now."""
         return self._running
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in the queue for a slot now."""
+        return self._waiting
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until `condition()` (which reads `running` and `waiting`) holds, rechecked each
+        time a count changes; False if `timeout` seconds pass first. For monitors and tests
+        that must see a request start, queue or finish without polling."""
+        with self._counted:
+            return self._counted.wait_for(condition, timeout)
+
+    def _moved(self) -> None:
+        """A count changed (called under the lock)."""
+        self._counted.notify_all()
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -48,6 +67,7 @@ class Admission:
             with self._changed:
                 self._running -= 1
                 self._changed.notify()
+                self._moved()
                 self._follow_load()
 
     def _follow_load(self) -> None:
@@ -76,6 +96,7 @@ class Admission:
         with self._changed:
             if nested or self._running < self.max_concurrency:
                 self._running += 1
+                self._moved()
                 self._follow_load()
                 return
             if self._waiting >= self.max_queue:
@@ -86,6 +107,7 @@ class Admission:
                     "max_queue when building the Ensemble."
                 )
             self._waiting += 1
+            self._moved()
             deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
             try:
                 with request_threads.parked():  # waiting for a slot: no pass will come from it
@@ -94,6 +116,7 @@ class Admission:
                 self._follow_load()
             finally:
                 self._waiting -= 1
+                self._moved()
 
     def _wait_for_slot(self, deadline: float | None) -> None:
         """Under the lock, until a slot is free (or the queue timeout has passed)."""

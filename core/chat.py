@@ -9,7 +9,7 @@ it folded into a user turn instead of failing the request.
 Tool use follows the same idea. Each member gets the tools through its own template
 (`apply_chat_template(..., tools=...)`) where the template renders them, and as a system block
 (the tools' JSON) where it ignores them; either way the same short instruction states the one
-canonical call syntax of `core.tools`. Past calls and tool results go to a template natively
+canonical call syntax of `core.tool_calls`. Past calls and tool results go to a template natively
 when it knows tool calls; otherwise the calls become their canonical text in the assistant turn
 and each result a `<tool_response>` block in a user turn. The instruction texts live here, in
 one place, because the testbed models are trained on exactly this rendering.
@@ -21,8 +21,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import ChatTemplateError, InvalidConfigError, InvalidMessagesError
-from .tools import format_tool_call, format_tool_calls
+from .errors import ChatTemplateError, InvalidMessagesError
+from .tool_calls import format_tool_call, format_tool_calls
+from .tools import ToolSpec
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"human": "user", "ai": "assistant", "model": "assistant", "function": "tool"}
@@ -41,10 +42,10 @@ TOOL_RESPONSE_CLOSE = "\n</tool_response>"
 TOOL_RESPONSE_SEPARATOR = "\n"  # between consecutive results folded into one user turn
 
 
-def tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
+def tools_system_block(tools: Sequence[ToolSpec]) -> str:
     """What a member whose template ignores `tools` reads: one JSON line per tool (the function
-    part of each OpenAI spec), then the call instruction."""
-    lines = [json.dumps(dict(tool["function"]), ensure_ascii=False) for tool in tools]
+    part of its OpenAI spec), then the call instruction."""
+    lines = [json.dumps(tool.to_openai()["function"], ensure_ascii=False) for tool in tools]
     return "\n".join([TOOLS_HEADER, *lines]) + "\n\n" + TOOLS_INSTRUCTION
 
 
@@ -290,50 +291,6 @@ def _with_system_text(messages: list[Message], text: str) -> list[Message]:
 # --------------------------------------------------------------------------- tools and schemas
 
 
-def _tool_specs(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise InvalidConfigError(
-            f"tools is a {type(tools).__name__}; pass a list of OpenAI-style specs: "
-            "[{'type': 'function', 'function': {'name': ..., 'description': ..., "
-            "'parameters': {JSON schema}}}]."
-        )
-    specs = []
-    for k, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        if (
-            not isinstance(function, Mapping)
-            or not isinstance(function.get("name"), str)
-            or tool.get("type", "function") != "function"
-        ):
-            raise InvalidConfigError(
-                f"tool {k} is {tool!r}; pass OpenAI-style specs: {{'type': 'function', "
-                "'function': {'name': ..., 'description': ..., 'parameters': {JSON schema}}}."
-            )
-        try:
-            _utf8(json.dumps(tool, ensure_ascii=False), f"tool {k}")
-        except (TypeError, InvalidMessagesError) as error:
-            raise InvalidConfigError(f"tool {k} is not JSON text: {error}") from None
-        specs.append({"type": "function", "function": dict(function)})
-    return specs
-
-
-def _schema(response_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if response_format is None:
-        return None
-    if not isinstance(response_format, Mapping):
-        raise InvalidConfigError(
-            f"response_format is a {type(response_format).__name__}; pass a JSON schema dict "
-            "(e.g. {'type': 'object', 'properties': {'answer': {'type': 'integer'}}}) or None."
-        )
-    try:
-        _utf8(json.dumps(response_format, ensure_ascii=False), "response_format")
-    except (TypeError, InvalidMessagesError) as error:
-        raise InvalidConfigError(f"response_format is not JSON text: {error}") from None
-    return dict(response_format)
-
-
 _PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": "probe-value"}}
 _PROBE = [
     {"role": "user", "content": "probe-question"},
@@ -386,19 +343,20 @@ def render_prompt(
     tokenizer,
     messages: list[Message],
     member: str,
-    tools: Sequence[Mapping[str, Any]] | None = None,
+    tools: Sequence[ToolSpec] = (),
     response_format: Mapping[str, Any] | None = None,
 ) -> str:
     """The member's prompt text, ending with its assistant header (generation prompt).
 
-    `tools`: OpenAI-style specs; `response_format`: a JSON schema the reply should follow."""
+    `tools` and `response_format` (a JSON schema the reply should follow) as
+    `GenerationConfig` checked them: the template gets the tools as OpenAI-style dicts."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
             f"member {member!r} has no chat template; use a chat/instruct model, or give the "
             "model directory one (chat_template.jinja, or 'chat_template' in "
             "tokenizer_config.json)."
         )
-    specs, schema = _tool_specs(tools), _schema(response_format)
+    specs = [tool.to_openai() for tool in tools]
     if _has_tool_use(messages) and not knows_tool_calls(tokenizer):
         messages = tool_use_as_text(messages)
     native = bool(specs) and _render(tokenizer, messages, member, specs) != _render(
@@ -406,9 +364,9 @@ def render_prompt(
     )
     extra = []
     if specs:
-        extra.append(TOOLS_INSTRUCTION if native else tools_system_block(specs))
-    if schema is not None:
-        extra.append(response_format_instruction(schema))
+        extra.append(TOOLS_INSTRUCTION if native else tools_system_block(tools))
+    if response_format is not None:
+        extra.append(response_format_instruction(response_format))
     if extra:
         messages = _with_system_text(messages, "\n\n".join(extra))
     return _render(tokenizer, messages, member, specs if native else None)

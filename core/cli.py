@@ -1,5 +1,6 @@
-"""`llm-ensembling demo | generate | bench | soak`: argument parsing, then one call into the
-engine (demo, generate) or into the benchmarks (`core.bench.commands`)."""
+"""`llm-ensembling demo | generate | bench | soak | serve`: argument parsing, then one call into
+the engine (demo, generate), the benchmarks (`core.bench.commands`) or the server
+(`core.serve.command`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 from .bench.commands import add_commands
 from .errors import EnsembleError, InvalidConfigError
+from .serve.command import add_command as add_serve_command
 
 
 def _available_methods() -> list[str]:
@@ -25,7 +27,8 @@ def _available_methods() -> list[str]:
     return available
 
 
-def _options(pairs: Sequence[str]) -> dict:
+def parse_options(pairs: Sequence[str]) -> dict:
+    """`--option key=value` pairs as method options."""
     from .bench.setups import parse_value
 
     options = {}
@@ -91,7 +94,7 @@ def generate(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=args.dtype,
         progress=True,
-        **_options(args.option),
+        **parse_options(args.option),
     )
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
@@ -150,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=generate)
 
     add_commands(sub)
+    add_serve_command(sub)
     return parser
 
 
@@ -158,11 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        args.func(args)
+        return int(args.func(args) or 0)
     except EnsembleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -7,14 +7,8 @@ from typing import Any
 
 from .events import Event
 from .grammar import Constraint, build_constraint
-from .tools import (
-    InvalidToolCall,
-    ToolCall,
-    ToolSpec,
-    normalize_response_format,
-    normalize_tool_choice,
-    normalize_tools,
-)
+from .tool_calls import InvalidToolCall, ToolCall
+from .tools import ToolSpec, normalize_response_format, normalize_tool_choice, normalize_tools
 from .validate import check_bool, check_int, check_real, check_seed, check_strings
 
 
@@ -22,7 +16,8 @@ from .validate import check_bool, check_int, check_real, check_seed, check_strin
 class GenerationConfig:
     """Greedy by default; `temperature > 0` samples, reproducibly when `seed` is set.
 
-    Tools and structured output: `tools` (OpenAI-style function specs), `tool_choice` ("auto",
+    Tools and structured output: `tools` (`core.tools.ToolSpec`s, or OpenAI-style function
+    specs, which become ToolSpecs here), `tool_choice` ("auto",
     "none", "required" or a tool name), `parallel_tool_calls`, and `response_format` (a JSON
     schema, {"type": "json_object"} or OpenAI's {"type": "json_schema", ...}). They are checked
     and normalised here (`core.tools`), and together they make the request's grammar

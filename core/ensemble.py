@@ -27,20 +27,21 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
+from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
+from .events import Event, MemberFailed, ToolCallEvent
 from .hf_member import HFMember
 from .member import ContextOverflow, Member
-from .methods import Commit, Method, Request, build_method, check_method
+from .methods import Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
-from .shaping import ResponseShaper
 from .sources import Models, model_sources
-from .tools import InvalidToolCall, ToolCall
+from .splitter import ResponseSplitter
+from .tool_calls import InvalidToolCall, ToolCall
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -80,9 +81,9 @@ class Ensemble:
             else:
                 seen[member.name] = 1
         self.members = list(members)
-        self.method_name = method
-        self.options = dict(options)
-        self.method = build_method(method, self.members, options)
+        self.method = method  # its name, as given; `algorithm` runs it
+        self.method_options = dict(options)
+        self.algorithm = build_method(method, self.members, options)
         self.on_member_failure = on_member_failure
         self.prefix_reuse = bool(prefix_reuse)
         limit = max_concurrency or default_concurrency(self.members)
@@ -220,17 +221,33 @@ class Ensemble:
     def weights(self) -> dict[str, float] | None:
         """Voting weights carried from request to request, for methods that learn them (SpecEM
         with `persist_weights=True`); each request's own are in its `stats.weights`."""
-        weights = getattr(self.method, "weights", None)
+        weights = getattr(self.algorithm, "weights", None)
         return dict(weights) if isinstance(weights, dict) else None
 
     def reset_weights(self) -> None:
-        reset = getattr(self.method, "reset_weights", None)
+        reset = getattr(self.algorithm, "reset_weights", None)
         if reset is None:
-            raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
+            raise InvalidConfigError(f"method {self.method!r} has no weights to reset.")
         reset()
 
     def summary(self) -> dict:
-        return self.method.summary()
+        return self.algorithm.summary()
+
+    @property
+    def active_members(self) -> list[Member]:
+        """The members the method runs, its leading one first (SAFE's drafter, `single`'s
+        member): a request starts only these."""
+        return list(self.algorithm.active)
+
+    @property
+    def prompt_tokenizer(self):
+        """The tokenizer `input_tokens` counts the prompt in: the leading active member's."""
+        return self.algorithm.active[0].tokenizer
+
+    @property
+    def context_window(self) -> int:
+        """The smallest window among the active members: a prompt and its answer must fit all."""
+        return min(member.context_window for member in self.algorithm.active)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -252,14 +269,14 @@ class Ensemble:
         """A request's own member views and method copy, with every prompt rendered."""
         cancel = threading.Event()
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
-        method = self.method.bind(members)
+        algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
-        tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
-        for member in method.active:
+        tools = config.tools if config.calls_tools else ()
+        for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint
             )
-        run = _Run(self, members, method, request)
+        run = _Run(self, members, algorithm, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
 
 
@@ -289,39 +306,45 @@ class RequestStream(Iterator[Delta]):
     def cancel(self) -> None:
         self._cancel.set()
 
+    def computing(self):
+        """Count the calling thread as computing this request between its steps too (a worker
+        handing each delta on to an event loop): a batched pass then waits for its next pass as
+        it waits for a thread that reads its own deltas, instead of leaving it for the next one."""
+        return request_threads.running()
+
 
 class _Run:
     """One request in flight: the loop from commits to deltas, the member-failure policy."""
 
-    def __init__(self, ensemble: Ensemble, members, method: Method, request: Request) -> None:
+    def __init__(self, ensemble: Ensemble, members, algorithm: Method, request: Request) -> None:
         self.ensemble = ensemble
         self.members = members
-        self.method = method
+        self.algorithm = algorithm
         self.request = request
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
         self.call_opened = 0  # stats.ensembled when the open call region began
-        self.held = ""  # content of the last commit, shown with the last delta...
-        self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
+        self.last_text = ""  # content of the last commit, shown with the last delta...
+        self.last_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
             try:
-                for member in self.method.active:  # the members' cache room, claimed up front
+                for member in self.algorithm.active:  # the members' cache room, claimed first
                     member.reserve(self.request.config.max_new_tokens)
                 self.started = time.perf_counter()
-                shaper = ResponseShaper(self.request.config)
+                splitter = ResponseSplitter(self.request.config)
                 try:
-                    finish = yield from self._commits(shaper)
+                    finish = yield from self._commits(splitter)
                 except CallbackFailed as failed:
                     raise failed.error from None
-                text, calls = shaper.finish()
+                text, calls = splitter.finish()
                 self._report(calls)
                 if any(isinstance(c, ToolCall) for c in self.calls) and not any(
                     isinstance(c, InvalidToolCall) for c in self.calls
                 ):
                     finish = "tool_calls"  # every call whole (a grammar closes them itself)
-                last = self._last(self.held + text, finish, self.held_calls + calls)
+                last = self._last(self.last_text + text, finish, self.last_calls + calls)
                 for member in self.members:  # a finished request's prefixes serve later ones
                     member.keep_prefix()
                 yield last
@@ -329,77 +352,56 @@ class _Run:
                 for member in self.members:
                     member.release()
 
-    def _commits(self, shaper: ResponseShaper):
-        """Runs the method (again, without a failed member, under "drop") until it is done,
-        committing what the grammar forces between its steps; returns the finish reason."""
-        request, method = self.request, self.method
+    def _commits(self, splitter: ResponseSplitter):
+        """Runs the method (again, without a failed member, under "drop") until it is done;
+        returns the finish reason."""
+        request, algorithm = self.request, self.algorithm
         while True:
-            commits = method.run(request)
+            commits = algorithm.commits(request)
             try:
                 while True:
-                    forced = self._forced(method)
-                    commit = next(commits, None) if forced is None else forced
+                    commit = next(commits, None)
                     if commit is None:
                         return "length"
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
-                    opened = shaper.in_call
-                    text, calls = shaper.feed(commit.text)
-                    if shaper.in_call and not opened:
+                    opened = splitter.in_call
+                    text, calls = splitter.feed(commit.text)
+                    if splitter.in_call and not opened:
                         self.call_opened = request.stats.ensembled
                     self._report(calls)
-                    if shaper.stopped or commit.finish or request.remaining <= 0:
-                        finish = "stop" if shaper.stopped else (commit.finish or "length")
+                    if splitter.stop_string_found or commit.finish or request.remaining <= 0:
+                        finish = (
+                            "stop" if splitter.stop_string_found else (commit.finish or "length")
+                        )
                         if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(method, shaper, text, calls)  # a tag)
-                        self.held, self.held_calls = text, calls
+                            text, calls = self._close(algorithm, splitter, text, calls)  # a tag)
+                        self.last_text, self.last_calls = text, calls
                         return finish
                     if text or calls or request.pending:
                         yield self._delta(text, calls)
             except ContextOverflow:
                 return "length"
             except MemberError as error:
-                method = self._after_failure(method, error)
+                algorithm = self._after_failure(algorithm, error)
             except (EnsembleError, CallbackFailed):
                 raise
             except Exception as error:
                 raise MemberError(
-                    f"method {self.ensemble.method_name!r} failed: {type(error).__name__}: {error}"
+                    f"method {self.ensemble.method!r} failed: {type(error).__name__}: {error}"
                 ) from error
             finally:
                 commits.close()
 
-    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
-        """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None. It ends before its last
-        whitespace run unless `whole`: a space is written by the model with the word after it
-        (` "add",` can be one token), so the model continues from text it was trained on."""
-        request = self.request
-        if request.config.constraint is None:
-            return None
-        first = method.active[0]
-        if first.text != request.text:  # (a member holding part of a character keeps it)
-            first.sync(request.text)
-        text = first.forced()
-        if not whole:
-            text = text[: _last_space_run(text)]
-        if not text:
-            return None
-        before = first.n_tokens
-        first.sync(request.text + text)
-        request.emit(GrammarForced(request.stats.tokens, text))
-        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
-        return Commit(text, max(first.n_tokens - before, 0))
-
-    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
+    def _close(self, algorithm: Method, splitter: ResponseSplitter, text: str, calls: list):
         """At the token limit: the text the grammar forces next is still written (no model
         chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method, whole=True)
+        forced = algorithm.grammar_forced(self.request, whole=True)
         if forced is None:
             return text, calls
         self.request.text += forced.text
         self.request.stats.tokens += forced.tokens
-        more, closed = shaper.feed(forced.text)
+        more, closed = splitter.feed(forced.text)
         self._report(closed)
         return text + more, [*calls, *closed]
 
@@ -411,7 +413,7 @@ class _Run:
                 ensembled = self.request.stats.ensembled - self.call_opened
                 self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
-    def _after_failure(self, method: Method, error: MemberError) -> Method:
+    def _after_failure(self, algorithm: Method, error: MemberError) -> Method:
         """Report the failure; under "drop" the method without that member, else re-raise."""
         request = self.request
         name = error.member
@@ -419,10 +421,10 @@ class _Run:
         request.stats.count("member_failed")
         if name is not None:
             request.stats.failed[name] = str(error)
-        active = [m.name for m in method.active]
+        active = [m.name for m in algorithm.active]
         if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
             raise error
-        return method.without(name)
+        return algorithm.without(name)
 
     def _delta(self, text: str, calls) -> Delta:
         stats = self.request.stats
@@ -444,18 +446,6 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
-
-
-def _last_space_run(text: str) -> int:
-    """Where the last run of whitespace in `text` starts (its length when there is none)."""
-    end = len(text)
-    while end and not text[end - 1].isspace():
-        end -= 1
-    if not end:
-        return len(text)
-    while end and text[end - 1].isspace():
-        end -= 1
-    return end
 
 
 def _check_policy(policy: str) -> None:

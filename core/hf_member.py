@@ -50,8 +50,9 @@ class HFMember(Member):
             or getattr(config, "n_ctx", None)
             or 2048
         )
-        attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
-        self.takes_block_mask = attention in ("eager", "sdpa")
+        # the attention kernel transformers chose ("sdpa", "eager", "flash_attention_2", ...)
+        self.attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        self.takes_block_mask = self.attention in ("eager", "sdpa")
         self.batcher = batcher_for(model)
         self.store = self.batcher.store  # None: each request keeps its own KVPrefix
         self._pool = PrefixPool()
@@ -98,7 +99,7 @@ class HFMember(Member):
     # --- cache and forward ----------------------------------------------------------------
 
     @property
-    def lane(self) -> str:
+    def runs_on(self) -> str:
         device = self.device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -211,7 +212,7 @@ class HFMember(Member):
         if self._kv is not None:
             self._state.cache = replace(self._kv, last_row=row)
 
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
             prompt_len, seq = self._state.prompt_len, self._state.seq
@@ -319,7 +320,7 @@ class HFMember(Member):
                 return torch.empty(0, self.vocab.size)
             prefix = self._state.prompt_len + boundary
             if self._cached < prefix:
-                self.logprobs([boundary])  # the cache now reaches the branch point
+                self._model_logprobs([boundary])  # the cache now reaches the branch point
             if not self.takes_block_mask:  # no mask: the cache must end at the branch point
                 self._rewind(prefix)
                 rows = []

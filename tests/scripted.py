@@ -29,7 +29,7 @@ class Scripted(HFMember):
             return torch.log_softmax(torch.zeros(self.vocab.size), -1)
         return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
 
-    def logprobs(self, boundaries):
+    def _model_logprobs(self, boundaries):
         self.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 

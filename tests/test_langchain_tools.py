@@ -31,8 +31,8 @@ from core.errors import InvalidConfigError
 from core.methods import METHOD_NAMES
 from core.testbed import make_problems, model_paths
 from langchain_ensemble import ChatEnsemble
-from langchain_ensemble.messages import to_engine_messages
-from langchain_ensemble.tools import openai_tools
+from langchain_ensemble.messages import to_core_messages
+from langchain_ensemble.tools import tool_specs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -459,8 +459,8 @@ HISTORY = [
 def test_history_with_calls_and_results_renders_for_every_member(method):
     chat = _shipped(method, max_tokens=8)
     assert isinstance(chat.bind_tools([add_numbers]).invoke(HISTORY), AIMessage)
-    tools = openai_tools([add_numbers])
-    messages = normalize_messages(to_engine_messages(HISTORY))
+    tools = tool_specs([add_numbers])
+    messages = normalize_messages(to_core_messages(HISTORY))
     prompts = [render_prompt(m.tokenizer, messages, m.name, tools) for m in chat.ensemble.members]
     assert len(set(prompts)) == len(prompts)  # each member its own template
     for prompt in prompts:

@@ -133,7 +133,8 @@ GRAMMAR_TOOLS = [
 @pytest.mark.parametrize("family", FAMILIES)
 def test_real_grammar_allows_each_canonical_id_and_stops_only_at_the_end(real_members, family):
     from core.grammar import Matcher, build_constraint
-    from core.tools import format_tool_calls, normalize_tools
+    from core.tool_calls import format_tool_calls
+    from core.tools import normalize_tools
 
     member = real_members[family]
     vocab, stops = member.vocab, member.stop_ids
@@ -189,7 +190,7 @@ def test_every_method_gives_schema_valid_output_on_real_vocabularies(real_member
     import jsonschema
 
     from core import Ensemble, GenerationConfig
-    from core.grammar import closed_schema
+    from core.json_schema import closed_schema
 
     config = GenerationConfig(max_new_tokens=300, response_format=_SCHEMA)
     for families in (("qwen2", "llama-spm", "gpt-2"), ("phi-3", "llama-bpe")):

@@ -104,7 +104,7 @@ def test_verify_in_line_behind_a_cached_draft_equals_separate_scoring(
     tiny_members, eager_members, family, attention
 ):
     member = (tiny_members if attention == "sdpa" else eager_members)[family]
-    assert member.model.config._attn_implementation == attention
+    assert member.attention == attention
     member.start(PROMPT)
     base = "Tom has 7 apples."
     member.sync(base + " He buys 5 more")  # ids beyond the base, as a drafter's own draft
@@ -115,7 +115,9 @@ def test_verify_in_line_behind_a_cached_draft_equals_separate_scoring(
     for raw in (False, True):
         scores = member.score(candidates, base=base, ends=ends, raw=raw)
         assert member.ids == ids and member.text == text  # the draft is still there...
-        assert member._cached >= len(member.prompt_ids) + len(ids) - 1  # ...and still cached
+        calls = member.calls
+        member.logprobs([member.n_tokens])
+        assert member.calls == calls  # ...and still cached: its next row needs no forward pass
         p, prefix = len(member.prompt_ids), member.canonical_ids(base)
         n = min(  # scores start where the candidates' tokenizations leave the base's
             _common(prefix, member.canonical_ids(base + c)) for c in candidates
@@ -339,14 +341,14 @@ def test_learned_state_is_shared_by_copies_and_kept_only_when_persisting(nonstop
     weights persist."""
     for persist in (False, True):
         ens = Ensemble(nonstop, "specem", persist_weights=persist, lr=2.0)
-        assert copy.copy(ens.method).learned is ens.method.learned
+        assert copy.copy(ens.algorithm).learned is ens.algorithm.learned
         out = ens.generate(PROMPT, SAMPLED)
         updates = len(_events(out, WeightsUpdated))
         assert updates and len(set(out.stats.weights.values())) > 1
         if persist:
-            assert ens.method.learned.t == updates and ens.weights == out.stats.weights
+            assert ens.algorithm.learned.t == updates and ens.weights == out.stats.weights
         else:
-            assert ens.method.learned.t == 0 and ens.weights is None
+            assert ens.algorithm.learned.t == 0 and ens.weights is None
 
 
 # --- the shipped models (behaviour) ------------------------------------------------------------
@@ -369,7 +371,7 @@ def test_schedule_and_wins_on_rounds_without_an_update(make_ensemble, schedule):
         skipped += counts.get("consensus", 0)
         rounds += counts["rounds"]
     assert skipped > 0  # rounds without an update came before later updates
-    assert ens.method.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
+    assert ens.algorithm.learned.t == t == (rounds if schedule == "rounds" else rounds - skipped)
     assert list(ens.weights.values()) == pytest.approx(w.tolist())
 
 

@@ -16,8 +16,8 @@ from json_schemas import objects, schemas
 
 from core import Ensemble, GenerationConfig, InvalidConfigError
 from core.events import GrammarForced, ToolCallEvent
-from core.grammar import closed_schema
-from core.tools import InvalidToolCall, ToolCall
+from core.json_schema import closed_schema
+from core.tool_calls import InvalidToolCall, ToolCall
 
 pytestmark = needs_trained
 METHODS = ["single", "token", "safe", "specem"]

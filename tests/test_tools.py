@@ -10,18 +10,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidConfigError
-from core.tools import (
-    NO_PARAMETERS,
+from core.tool_calls import (
     InvalidToolCall,
     ToolCall,
     ToolCallStream,
-    ToolSpec,
     format_tool_call,
     format_tool_calls,
+    parse_tool_calls,
+)
+from core.tools import (
+    NO_PARAMETERS,
+    ToolSpec,
     normalize_response_format,
     normalize_tool_choice,
     normalize_tools,
-    parse_tool_calls,
 )
 
 ADD_PARAMETERS = {

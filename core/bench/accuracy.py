@@ -80,7 +80,7 @@ def _run_one(
     start = time.perf_counter()
     out = ensemble.generate(messages, config)
     seconds = time.perf_counter() - start
-    active = ensemble.method.active
+    active = ensemble.active_members
     if torch.cuda.is_available():
         memory = torch.cuda.max_memory_allocated() / 2**20
     else:  # weights plus the caches as they stand at the end (they only grow within a request)

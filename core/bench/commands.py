@@ -113,14 +113,41 @@ def _bench_tools(args: argparse.Namespace) -> None:
     _show(args)
 
 
+def _bench_serve(args: argparse.Namespace) -> None:
+    from . import serve
+    from .concurrency import parse_levels
+    from .setups import load_task, shipped_model_paths
+
+    levels = parse_levels(args.serve)
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    serve.run_load(
+        members=members,
+        models=args.model or shipped_model_paths(),
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        levels=levels,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+
+
 def bench(args: argparse.Namespace) -> None:
     from .accuracy import run
     from .setups import parse_setups
 
-    if args.concurrency and args.grammar_cost:
-        raise InvalidConfigError("--concurrency and --grammar-cost are two runs; pick one.")
+    if sum(map(bool, (args.concurrency, args.grammar_cost, args.serve))) > 1:
+        raise InvalidConfigError(
+            "--concurrency, --grammar-cost and --serve are separate runs; pick one."
+        )
     if args.prompt_tokens is not None and not args.concurrency:
         raise InvalidConfigError("--prompt-tokens pads the prompts of a --concurrency run; add it.")
+    if args.serve:
+        return _bench_serve(args)
     if args.concurrency:
         return _bench_concurrency(args)
     if args.grammar_cost:
@@ -154,6 +181,27 @@ def bench(args: argparse.Namespace) -> None:
     _show(args)
 
 
+def _soak_serve(args: argparse.Namespace, members, setups, problems) -> dict:
+    from . import serve
+    from .setups import shipped_model_paths
+
+    return serve.run_soak(
+        members=members,
+        models=args.model or shipped_model_paths(),
+        setups=setups,
+        problems=problems,
+        requests=args.requests,
+        clients=args.tasks,
+        window=args.window,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        out=args.out,
+        command=_command(args),
+    )
+
+
 def soak(args: argparse.Namespace) -> None:
     from . import soak as soak_run
     from .setups import load_members, load_task, method_setups
@@ -169,6 +217,17 @@ def soak(args: argparse.Namespace) -> None:
     members = load_members(args.model, args.device, args.dtype)
     names = [m.name for m in members]
     methods = [m for m in args.methods.split(",") if m]
+    if args.serve:
+        setups = method_setups(methods, len(members), args.config, names)
+        problems = [messages for messages, _ in task.items]
+        result = _soak_serve(args, members, setups, problems)
+        _show(args)
+        if result["mismatches"] or result["held_slots"] or result["server_errors"]:
+            raise EnsembleError(
+                f"soak --serve: {result['mismatches']} wrong answers, {result['server_errors']} "
+                f"5xx and {result['held_slots']} slots held; see {args.out}/results.md."
+            )
+        return
     result = soak_run.run(
         members=members,
         models=args.model,
@@ -257,6 +316,13 @@ def add_commands(sub) -> None:
         help="every method (default options) with and without a grammar that allows any text "
         "(tools, tool_choice none): time per output token side by side, same text",
     )
+    p.add_argument(
+        "--serve",
+        default=None,
+        metavar="LEVELS",
+        help="e.g. 1,8,32: every method served over HTTP (a server process, a pool of streaming "
+        "clients) against the same requests in process, at each number of concurrent clients",
+    )
     p.set_defaults(func=bench)
 
     p = sub.add_parser(
@@ -278,4 +344,10 @@ def add_commands(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="over HTTP: one server per method (on_member_failure=drop), --tasks clients; "
+        "adds dropped connections and malformed requests",
+    )
     p.set_defaults(func=soak)

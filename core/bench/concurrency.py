@@ -544,7 +544,7 @@ def run(
         for problem in row["differences"]:
             mine = {(s.level, s.problem): s for s in samples if s.label == row["label"]}
             alone, together = mine[1, problem], mine[row["level"], problem]
-            drafter = ensembles[row["label"]].method.active[0]
+            drafter = ensembles[row["label"]].active_members[0]
             found = first_difference(drafter, items[problem], alone.text, together.text)
             differences.append({"label": row["label"], "level": row["level"],
                                 "problem": problem, **found})  # fmt: skip

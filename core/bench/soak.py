@@ -197,7 +197,7 @@ class Soak:
 
     def active(self) -> dict[str, list[str]]:
         return {
-            label: [m.name for m in self.ensembles[label, "raise"].method.active]
+            label: [m.name for m in self.ensembles[label, "raise"].active_members]
             for label in self.setups
         }
 

@@ -6,6 +6,7 @@ import importlib
 import inspect
 
 from ..errors import InvalidConfigError
+from . import single  # noqa: F401 (the method a lone member runs: Method.without needs it)
 from .base import Commit, Method, Request
 
 METHOD_NAMES = ("single", "token", "safe", "specem")

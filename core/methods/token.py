@@ -103,8 +103,7 @@ class TokenEnsemble(Method):
     def run(self, request: Request) -> Iterator[Commit]:
         def next_row(member):
             member.sync(request.text)
-            boundary = [member.n_tokens]  # (under a grammar: what it allows there)
-            return member.constrained_rows(member.logprobs(boundary), boundary)[0]
+            return member.logprobs([member.n_tokens])[0]
 
         position = 0
         while request.remaining > 0:
