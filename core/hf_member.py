@@ -297,7 +297,9 @@ class HFMember(Member):
     ) -> list[torch.Tensor]:
         """Fallback for attention kernels that cannot take a block mask: one pass per
         continuation on the same cached prefix (same numbers, more passes). Without a mask the
-        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay)."""
+        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay).
+        Such kernels never have a store: their per-request caches are immutable, so the passes
+        written over a dropped draft here cannot reach a rolled-back state."""
         self._rewind(visible)
         start, first, scores = visible + len(tail), None, []
         for block, end in zip(blocks, ends, strict=True):
