@@ -178,7 +178,7 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
         with torch.no_grad():
             one = torch.ones(1, 1, dtype=torch.long, device=device)
             model(input_ids=one, attention_mask=one, cache=cache, use_cache=True)
-    except Exception as error:  # a model this probe cannot run: today's path, unbatched
+    except Exception as error:  # then each request keeps its own cache, its passes alone
         return None, f"a one-token probe pass failed ({type(error).__name__}: {error})"
     kinds = {type(layer) for layer in cache.layers}
     if kinds != {DynamicLayer} or any(not layer.is_initialized for layer in cache.layers):

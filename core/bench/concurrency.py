@@ -492,7 +492,7 @@ def run(
         for s in setups
     }
     local = {m.name: m for m in members if isinstance(m, HFMember)}
-    runs = {label: [m.name for m in e.method.active if m.name in local]
+    runs = {label: [m.name for m in e.active_members if m.name in local]
             for label, e in ensembles.items()}  # fmt: skip
     prompts = {name: [m.render(normalize_messages(i)) for i in items] for name, m in local.items()}
     numbered = list(enumerate(items))
