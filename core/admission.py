@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
-import torch
-
 from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
+from .kv import free_bytes
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
 _IDLE_SECONDS = 1.0  # a stream this long between deltas may be garbage in a reference cycle
@@ -239,41 +237,16 @@ def check_admission(max_concurrency, max_queue, queue_timeout) -> None:
 
 
 def default_concurrency(members: Sequence) -> int:
-    """As many requests as half the free memory can hold caches for, each at its members' full
-    context windows (at least 1, at most 64). Remote members hold nothing here."""
+    """As many requests as half the memory free now can hold keys and values for, each at its
+    members' full context windows (at least 1, at most 64), from each model's measured bytes
+    per cached position. Remote members hold nothing here."""
     per_request: dict[str, int] = {}
     for member in members:
-        model = getattr(member, "model", None)
-        if model is None:
-            continue
-        device = str(getattr(member, "device", "cpu"))
-        per_request[device] = per_request.get(device, 0) + _cache_bytes(member)
+        per_token = getattr(member, "kv_bytes_per_token", 0)
+        if per_token:
+            device = str(member.device)
+            per_request[device] = per_request.get(device, 0) + per_token * member.context_window
     limit = _MAX_DEFAULT
     for device, need in per_request.items():
-        if need > 0:
-            limit = min(limit, int(_MEMORY_SHARE * _free_bytes(device) // need))
+        limit = min(limit, int(_MEMORY_SHARE * free_bytes(device) // need))
     return max(1, limit)
-
-
-def _cache_bytes(member) -> int:
-    """Key/value bytes of one request at the member's full context window."""
-    config = member.model.config.get_text_config()
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
-    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads else 0)
-    size = torch.finfo(member.dtype).bits // 8 if member.dtype.is_floating_point else 4
-    return 2 * layers * kv_heads * head_dim * size * member.context_window
-
-
-def _free_bytes(device: str) -> int:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.mem_get_info(torch.device(device))[0]
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as info:
-        for line in info:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return 8 << 30

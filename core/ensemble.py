@@ -410,25 +410,31 @@ class _Run:
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
-            self.started = time.perf_counter()
-            splitter = ResponseSplitter(self.request.config)
             try:
-                finish = yield from self._commits(splitter)
-            except CallbackFailed as failed:
-                raise failed.error from None
-            text, calls = splitter.finish()
-            self._report(calls)
-            learned = self.request.trust.commit()  # a request that fails never gets here
-            if learned is not None:
-                self.request.emit(learned)
-            if any(isinstance(c, ToolCall) for c in self.calls) and not any(
-                isinstance(c, InvalidToolCall) for c in self.calls
-            ):
-                finish = "tool_calls"  # every call whole (a grammar closes them itself)
-            last = self._last(self.last_text + text, finish, self.last_calls + calls)
-            for member in self.members:  # a finished request's prefixes serve later ones
-                member.keep_prefix()
-            yield last
+                for member in self.algorithm.active:  # the members' cache room, claimed first
+                    member.reserve(self.request.config.max_new_tokens)
+                self.started = time.perf_counter()
+                splitter = ResponseSplitter(self.request.config)
+                try:
+                    finish = yield from self._commits(splitter)
+                except CallbackFailed as failed:
+                    raise failed.error from None
+                text, calls = splitter.finish()
+                self._report(calls)
+                learned = self.request.trust.commit()  # a request that fails never gets here
+                if learned is not None:
+                    self.request.emit(learned)
+                if any(isinstance(c, ToolCall) for c in self.calls) and not any(
+                    isinstance(c, InvalidToolCall) for c in self.calls
+                ):
+                    finish = "tool_calls"  # every call whole (a grammar closes them itself)
+                last = self._last(self.last_text + text, finish, self.last_calls + calls)
+                for member in self.members:  # a finished request's prefixes serve later ones
+                    member.keep_prefix()
+                yield last
+            finally:
+                for member in self.members:
+                    member.release()
 
     def _commits(self, splitter: ResponseSplitter):
         """Runs the method (again, without a failed member, under "drop") until it is done;

@@ -396,8 +396,18 @@ class Member(ABC):
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
 
+    def reserve(self, new_tokens: int) -> None:  # noqa: B027 (a hook: nothing by default)
+        """The request starts: a backend claims the room its cache will need for the prompt and
+        up to `new_tokens` more, or raises `EnsembleBusyError` now rather than run out of memory
+        mid-request."""
+
     def keep_prefix(self) -> None:  # noqa: B027 (a hook: nothing by default)
-        """The request is over: a backend may keep its computed prefix for later requests."""
+        """The request is over: a backend may keep its computed prefix for later requests (and
+        releases what it holds, as `release` does)."""
+
+    def release(self) -> None:  # noqa: B027 (a hook: nothing by default)
+        """The request ended (finished, failed, cancelled or dropped): a backend gives back what
+        it holds for it (its row in a key/value store); the ids stay."""
 
     def memory_bytes(self) -> int:
         """Bytes this member holds for the current request beyond its weights (the KV cache)."""

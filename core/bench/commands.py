@@ -66,6 +66,7 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
         task=task.name,
         levels=levels,
         max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
         out=args.out,
         command=_command(args),
     )
@@ -143,6 +144,8 @@ def bench(args: argparse.Namespace) -> None:
         raise InvalidConfigError(
             "--concurrency, --grammar-cost and --serve are separate runs; pick one."
         )
+    if args.prompt_tokens is not None and not args.concurrency:
+        raise InvalidConfigError("--prompt-tokens pads the prompts of a --concurrency run; add it.")
     if args.serve:
         return _bench_serve(args)
     if args.concurrency:
@@ -242,10 +245,11 @@ def soak(args: argparse.Namespace) -> None:
         command=_command(args),
     )
     _show(args)
-    if result["mismatches"] or result["held_slots"]:
+    if result["mismatches"] or result["held_slots"] or result["held_rows"]:
         raise EnsembleError(
-            f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "
-            f"{result['held_slots']} request slots are still held; see {args.out}/results.md."
+            f"soak: {result['mismatches']} answers differ from a fresh ensemble's, "
+            f"{result['held_slots']} request slots and {result['held_rows']} key/value rows are "
+            f"still held; see {args.out}/results.md."
         )
 
 
@@ -297,6 +301,14 @@ def add_commands(sub) -> None:
         metavar="LEVELS",
         help="e.g. 1,2,4,8,16: every method (default options) at each number of concurrent "
         "requests, against the same requests one at a time (tokens/s, latency, same text)",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --concurrency --form rag: pad each prompt's retrieved context with more "
+        "passages to about N tokens (e.g. 720, a RAG query's length)",
     )
     p.add_argument(
         "--grammar-cost",
