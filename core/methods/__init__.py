@@ -8,7 +8,7 @@ import inspect
 from ..errors import InvalidConfigError
 from .base import Commit, Method, Request
 
-METHOD_NAMES = ("single", "token", "safe", "specem")
+METHOD_NAMES = ("single", "token", "safe", "specem", "rerank")
 
 
 def method_class(name: str) -> type[Method]:
