@@ -6,7 +6,7 @@
 batch assembly and its gathering (request threads are not counted for it, and passes of several
 models do not take turns). Everything else is the current code. Every chunk of problems runs at
 every level for every method under both batchers, in alternating order, so machine noise hits
-them alike (`core.bench_concurrency` does the measuring). Prints a Markdown table; the texts of
+them alike (`core.bench.concurrency` does the measuring). Prints a Markdown table; the texts of
 the two batchers must be the same.
 """
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from core import batching  # noqa: E402
-from core.bench import ensemble_for, load_members, load_task, method_setups  # noqa: E402
-from core.bench_concurrency import ForwardClock, run_block, summarise  # noqa: E402
+from core.bench.concurrency import ForwardClock, run_block, summarise  # noqa: E402
+from core.bench.setups import ensemble_for, load_members, load_task, method_setups  # noqa: E402
 from core.config import GenerationConfig  # noqa: E402
 
 BEFORE = "7bb7760"  # the batcher before counting request threads and taking turns per device

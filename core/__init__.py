@@ -19,7 +19,8 @@ from .errors import (
     ServerError,
     TokenizerMismatchError,
 )
-from .member import Draft, HFMember, Member
+from .hf_member import HFMember
+from .member import Draft, Member
 from .remote import Remote, RemoteMember
 
 __version__ = "0.1.0"

@@ -32,7 +32,8 @@ from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
 from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
-from .member import ContextOverflow, HFMember, Member
+from .hf_member import HFMember
+from .member import ContextOverflow, Member
 from .methods import Commit, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect

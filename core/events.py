@@ -17,19 +17,19 @@ class Event:
     name: ClassVar[str] = "event"
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: _json_safe(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        data = {f.name: json_safe(getattr(self, f.name)) for f in dataclasses.fields(self)}
         return {"name": self.name, **data}
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     if isinstance(value, float):
         return round(value, 6)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return str(value)
 
 

@@ -68,6 +68,7 @@ import torch
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from .errors import EnsembleError, InvalidConfigError
+from .kv import common_prefix
 from .tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_SEPARATOR
 from .vocab import Vocab
 
@@ -465,7 +466,7 @@ class Matcher:
         if ids == old:
             return
         n = len(old)
-        keep = n if len(ids) >= n and ids[:n] == old else _common_prefix(old, ids)
+        keep = n if len(ids) >= n and ids[:n] == old else common_prefix(old, ids)
         self._dirty = True
         if keep < n and not self._native.rollback(n - keep):
             raise ConstraintError(
@@ -550,14 +551,6 @@ class Matcher:
             valid += int(ends)
         self._dirty = False
         return valid
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .errors import (
 )
 from .validate import check_bool
 
-_TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
+TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -237,10 +237,10 @@ def load_tokenizer(source: str):
                 "(tokenizer.json). Convert it once with AutoTokenizer(...).save_pretrained()."
             )
         return tokenizer
-    expected = Tokenizer.from_file(raw_path).encode(_TOKENIZER_PROBE, add_special_tokens=False).ids
+    expected = Tokenizer.from_file(raw_path).encode(TOKENIZER_PROBE, add_special_tokens=False).ids
 
     def matches(tok) -> bool:
-        return tok(_TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] == expected
+        return tok(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] == expected
 
     if matches(tokenizer):
         return tokenizer

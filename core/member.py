@@ -14,7 +14,8 @@ raises (a fault inside a forward pass, an out-of-memory, a Ctrl-C), the state is
 was before the call, so a failed operation never leaves ids and cache out of step.
 
 Methods talk to the `Member` interface only (render, sync, logprobs, draft, score), never to a
-model or a cache, so another backend (a model served over HTTP) can stand in for `HFMember`.
+model or a cache, so another backend can stand in: `core.hf_member.HFMember` (a model in this
+process) and `core.remote.RemoteMember` (a model served over HTTP).
 """
 
 from __future__ import annotations
@@ -23,21 +24,19 @@ import bisect
 import contextlib
 import copy
 import threading
-import time
 from abc import ABC, abstractmethod
-from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from .batching import Pass, batcher_for
 from .chat import Message, render_prompt
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .grammar import Constraint, Matcher, constrain
+from .kv import common_prefix
 from .sampling import Sampler
-from .vocab import Vocab, is_cut, stop_logprob, tokenizer_lock
+from .vocab import Vocab, is_cut, tokenizer_lock
 
 _MAX_CUT_SCAN = 64  # tokens to look back for a cut before re-tokenizing the whole response
 
@@ -56,28 +55,6 @@ class Draft:
     ids: list[int]
     logprobs: torch.Tensor
     stopped: bool
-
-
-def _common_prefix(a: Sequence, b: Sequence) -> int:
-    """Length of the longest common prefix of two id lists (or two byte strings)."""
-    n = min(len(a), len(b))
-    if isinstance(a, (bytes, bytearray)):
-        x, y, width = a[:n], b[:n], 1
-    elif n > 32:  # long id lists: compare machine words in C, not ints in Python
-        x, y, width = array("q", a[:n]).tobytes(), array("q", b[:n]).tobytes(), 8
-    else:
-        i = 0
-        while i < n and a[i] == b[i]:
-            i += 1
-        return i
-    lo, hi = 0, n
-    while lo < hi:  # the longest equal prefix, by bisection
-        mid = (lo + hi + 1) // 2
-        if x[: mid * width] == y[: mid * width]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass
@@ -230,7 +207,7 @@ class Member(ABC):
                 "a small window)."
             )
         with self._transaction("start"):
-            keep = _common_prefix(self._state.seq, prompt)
+            keep = common_prefix(self._state.seq, prompt)
             old = self._state.cache
             self._state = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
             self._rewind(keep)
@@ -283,7 +260,7 @@ class Member(ABC):
             seq = self._state.seq[: self._state.prompt_len] + ids
             if len(seq) > self.context_window:
                 raise ContextOverflow(f"member {self.name!r} reached its context window")
-            self._rewind(_common_prefix(self._state.seq, seq))
+            self._rewind(common_prefix(self._state.seq, seq))
             self._state.seq, self._state.data, self._state.ends = seq, data, ends
 
     def _retokenize(self, data: bytes, within: int | None = None) -> tuple[list[int], list[int]]:
@@ -292,7 +269,7 @@ class Member(ABC):
         state, keep = self._state, 0
         starters = self.vocab.cut_starters
         if starters:
-            changed = _common_prefix(state.data, data)
+            changed = common_prefix(state.data, data)
             changed = changed if within is None else min(changed, within)
             k = len(state.ends)
             while k > 0 and len(state.ends) - k < _MAX_CUT_SCAN:
@@ -386,7 +363,7 @@ class Member(ABC):
             raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
         tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
         inside = bisect.bisect_right(self._state.ends, len(data))  # response tokens in `base`
-        shared = min([_common_prefix(self.ids, t) for t in tokenized] + [inside])
+        shared = min([common_prefix(self.ids, t) for t in tokenized] + [inside])
         blocks = [t[shared:] for t in tokenized]
         start = self._state.prompt_len + shared  # position of every block's first token
         if start + max(map(len, blocks), default=0) > self.context_window:
@@ -426,364 +403,9 @@ class Member(ABC):
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
 
-    def reset_counters(self) -> None:
-        self.calls, self.seconds = 0, 0.0
-
-    def reset(self) -> None:
-        """Forget the sequence and everything computed for it, and every prefix kept for later
-        requests (benchmarks use this so no request profits from a cache another one left)."""
-        self._rewind(0)
-        self._state = SequenceState()
-
     def keep_prefix(self) -> None:  # noqa: B027 (a hook: nothing by default)
         """The request is over: a backend may keep its computed prefix for later requests."""
 
     def memory_bytes(self) -> int:
         """Bytes this member holds for the current request beyond its weights (the KV cache)."""
         return 0
-
-
-@dataclass(frozen=True)
-class _KV:
-    """Keys and values for the first `length` ids of a sequence. Never written in place: a
-    forward pass makes new tensors (concatenation), a crop makes views, so a state can share
-    them with a copy of itself and with other requests (prefix reuse) safely."""
-
-    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    length: int
-    last_row: torch.Tensor | None = None  # log-probs at position length - 1
-
-    def crop(self, keep: int) -> _KV | None:
-        if keep <= 0:
-            return None
-        if keep >= self.length:
-            return self
-        layers = tuple((k[..., :keep, :], v[..., :keep, :]) for k, v in self.layers)
-        return _KV(layers, keep)
-
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.layers)
-
-
-class _PrefixPool:
-    """Computed prefixes of finished requests, for later requests whose prompts share them (an
-    agent loop or a multi-turn chat resends the whole history). Bounded: least recently used
-    out beyond `entries` or `max_bytes`."""
-
-    def __init__(self, entries: int = 16, max_bytes: int = 1 << 30) -> None:
-        self.entries, self.max_bytes = entries, max_bytes
-        self._items: list[tuple[list[int], _KV]] = []  # most recently used last
-        self._lock = threading.Lock()
-
-    def put(self, ids: list[int], kv: _KV) -> None:
-        if self.entries <= 0 or kv is None:
-            return
-        with self._lock:
-            self._items = [
-                (i, k) for i, k in self._items if _common_prefix(i, ids) < min(len(i), k.length)
-            ]  # an entry this one extends is superseded
-            self._items.append((list(ids[: kv.length]), kv))
-            while len(self._items) > self.entries or (
-                len(self._items) > 1 and sum(k.nbytes() for _, k in self._items) > self.max_bytes
-            ):
-                self._items.pop(0)
-
-    def take(self, prompt: list[int]) -> _KV | None:
-        """The cached keys of the longest prefix of `prompt` held here (shared, not copied)."""
-        with self._lock:
-            best, found = 0, None
-            for index, (ids, kv) in enumerate(self._items):
-                n = min(_common_prefix(ids, prompt), kv.length)
-                if n > best:
-                    best, found = n, index
-            if found is None:
-                return None
-            entry = self._items.pop(found)
-            self._items.append(entry)  # most recently used
-        # one position is left to compute: the prompt's last row comes from a forward pass
-        return entry[1].crop(min(best, len(prompt) - 1))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items = []
-
-
-class HFMember(Member):
-    """An in-process Hugging Face causal LM with its tokenizer, device, dtype and KV cache."""
-
-    def __init__(self, name: str, model, tokenizer) -> None:
-        super().__init__()
-        self.name = name
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.vocab = Vocab(tokenizer, model_vocab_size=model.config.get_text_config().vocab_size)
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        self.stop_ids = frozenset(self.vocab.special_ids) | frozenset(eos)
-        config = model.config.get_text_config()
-        self.context_window = int(
-            getattr(config, "max_position_embeddings", None)
-            or getattr(config, "n_positions", None)
-            or getattr(config, "n_ctx", None)
-            or 2048
-        )
-        attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
-        self.takes_block_mask = attention in ("eager", "sdpa")
-        self._batcher = batcher_for(model, batched=self.takes_block_mask)
-        self._pool = _PrefixPool()
-        self._reuse_prefixes = True
-        self.prefilled = 0  # prompt ids computed for the request (prefix reuse saves these)
-
-    @classmethod
-    def load(
-        cls,
-        source,
-        *,
-        device: str | torch.device | None = "auto",
-        dtype: str | torch.dtype | None = "auto",
-        name: str | None = None,
-        use_safetensors: bool = True,
-        attn_implementation: str | None = None,
-    ) -> HFMember:
-        from pathlib import Path
-
-        from .loading import (
-            check_model_source,
-            load_config,
-            load_model,
-            load_tokenizer,
-            resolve_device,
-            resolve_dtype,
-        )
-
-        source = check_model_source(source, use_safetensors)
-        load_config(source)
-        resolved = resolve_device(device)
-        model = load_model(
-            source, resolved, resolve_dtype(dtype, resolved), use_safetensors, attn_implementation
-        )
-        tokenizer = load_tokenizer(source)
-        return cls(name or Path(source).name or source, model, tokenizer)
-
-    def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> HFMember:
-        """`reuse=False`: this request neither takes nor leaves cached prompt prefixes."""
-        twin = super().spawn(cancel)
-        twin.prefilled, twin._reuse_prefixes = 0, reuse
-        return twin
-
-    # --- cache and forward ----------------------------------------------------------------
-
-    @property
-    def lane(self) -> str:
-        device = self.device
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return str(device)
-
-    @property
-    def _kv(self) -> _KV | None:
-        return self._state.cache
-
-    @property
-    def _cached(self) -> int:
-        """Positions the cache holds."""
-        return self._kv.length if self._kv is not None else 0
-
-    def memory_bytes(self) -> int:
-        return self._kv.nbytes() if self._kv is not None else 0
-
-    def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
-    def reset(self) -> None:
-        super().reset()
-        self._pool.clear()
-
-    def keep_prefix(self) -> None:
-        if self._kv is not None and self._reuse_prefixes:
-            self._pool.put(self._state.seq, self._kv)
-
-    def _reuse(self, prompt: list[int]) -> None:
-        if self._cached == 0 and self._reuse_prefixes:
-            self._state.cache = self._pool.take(prompt)
-
-    def _rewind(self, keep: int) -> None:
-        if self._kv is not None and keep < self._kv.length:
-            self._state.cache = self._kv.crop(keep)
-
-    def _forward(
-        self,
-        ids: list[int],
-        keep: list[int],
-        raw: bool = False,
-        allowed: torch.Tensor | None = None,
-        positions: list[int] | None = None,
-    ) -> torch.Tensor:
-        """Feed ids after the cache; log-probs (or raw logits) at the given input indices.
-        `allowed` [len(ids), cached + len(ids)]: which positions each new id may attend to
-        (None: causal); `positions`: their position ids (None: right after the cache)."""
-        self._check_cancelled()
-        start = time.perf_counter()
-        kv = self._kv
-        job = Pass(
-            ids=list(ids),
-            keep=list(keep),
-            past=kv.layers if kv is not None else None,
-            past_len=self._cached,
-            allowed=allowed,
-            positions=positions,
-            raw=raw,
-        )
-        self._batcher.run(job)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.calls += 1
-        self.seconds += time.perf_counter() - start
-        self._state.cache = _KV(job.present, self._cached + len(ids))
-        return job.rows
-
-    def _set_last_row(self, row: torch.Tensor | None) -> None:
-        if self._kv is not None:
-            self._state.cache = replace(self._kv, last_row=row)
-
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
-        self._check_boundaries(boundaries)
-        with self._transaction("next-token distributions"):
-            prompt_len, seq = self._state.prompt_len, self._state.seq
-            rows = [prompt_len + b - 1 for b in boundaries]
-            kv = self._kv
-            have = kv.length - 1 if kv is not None and kv.last_row is not None else None
-            got = {have: kv.last_row} if have is not None else {}
-            missing = sorted({r for r in rows if r != have})
-            if missing:
-                if missing[0] < self._cached:
-                    self._rewind(missing[0])
-                    got, missing = {}, sorted(set(rows))
-                start = self._cached
-                out = self._forward(seq[start : missing[-1] + 1], [r - start for r in missing])
-                self.prefilled += max(0, min(prompt_len, missing[-1] + 1) - start)
-                got.update(zip(missing, out, strict=True))
-                self._set_last_row(got[missing[-1]])
-            return torch.stack([got[r] for r in rows])
-
-    def score(
-        self,
-        continuations: Sequence[str],
-        *,
-        base: str | None = None,
-        ends: Sequence[bool] | None = None,
-        raw: bool = False,
-    ) -> list[torch.Tensor]:
-        """Verify-in-line: all continuations after the cached prefix in ONE forward pass, each
-        seeing the prefix and its own earlier tokens only (block mask, positions restarting at
-        the prefix end). Cached ids beyond `base` (a drafter's own draft) are hidden by the mask
-        and stay cached; the cache is otherwise returned to the prefix afterwards."""
-        with self._transaction("verify-in-line scoring"):
-            blocks, ends, start = self._continuation_blocks(continuations, base, ends)
-            visible = min(self._cached, start - 1)  # cached positions the blocks may see
-            tail = self._state.seq[visible:start]  # the prefix's uncached end (>= its last id)
-            if not self.takes_block_mask:
-                return self._score_each(visible, tail, blocks, ends, raw)
-            kv = self._kv
-            cached = self._cached
-            flat = tail + [i for block in blocks for i in block]
-            t = len(tail)
-            allowed = block_mask(cached, visible, t, [len(b) for b in blocks])
-            positions = list(range(visible, start))
-            for block in blocks:
-                positions.extend(range(start, start + len(block)))
-            rows = self._forward(flat, list(range(len(flat))), raw, allowed, positions)
-            last = rows[t - 1] if not raw else torch.log_softmax(rows[t - 1], -1)
-            if visible == cached:  # the tail filled the cache up to the prefix end: keep it
-                self._rewind(start)
-                self._set_last_row(last)
-            else:  # the cache reaches past the prefix: drop only what this pass added
-                self._state.cache = kv
-            scores, offset = [], t
-            for block, end in zip(blocks, ends, strict=True):
-                k = len(block)
-                predictors = torch.cat([rows[t - 1 : t], rows[offset : offset + k]])
-                scores.append(self._token_scores(predictors, block, end))
-                offset += k
-            return scores
-
-    def _token_scores(self, predictors: torch.Tensor, block: list[int], end: bool) -> torch.Tensor:
-        """predictors[j] produced block[j]; the row after the last token scores ending there."""
-        target = torch.tensor(block, dtype=torch.long, device=predictors.device)
-        values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
-        if end:
-            stop = stop_logprob(predictors[len(block)], self.stop_ids)
-            values = torch.cat([values, stop.reshape(1).to(values.dtype)])
-        return values.cpu()
-
-    def _score_each(
-        self, visible: int, tail: list[int], blocks: list[list[int]], ends: list[bool], raw: bool
-    ) -> list[torch.Tensor]:
-        """Fallback for attention kernels that cannot take a block mask: one pass per
-        continuation on the same cached prefix (same numbers, more passes). Without a mask the
-        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay)."""
-        self._rewind(visible)
-        start, first, scores = visible + len(tail), None, []
-        for block, end in zip(blocks, ends, strict=True):
-            feed = block if first is not None else tail + block
-            rows = self._forward(feed, list(range(len(feed))), raw=raw) if feed else None
-            if first is None:
-                first, rows = rows[len(tail) - 1], rows[len(tail) :]
-            self._rewind(start)
-            predictors = first[None] if rows is None else torch.cat([first[None], rows])
-            scores.append(self._token_scores(predictors, block, end))
-        if first is None:  # no continuations: nothing was computed
-            return scores
-        self._set_last_row(first if not raw else torch.log_softmax(first, -1))
-        return scores
-
-    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
-        with self._transaction("branch scoring"):
-            branches = self._check_branches(boundary, branches)
-            if not branches:
-                return torch.empty(0, self.vocab.size)
-            prefix = self._state.prompt_len + boundary
-            if self._cached < prefix:
-                self.logprobs([boundary])  # the cache now reaches the branch point
-            if not self.takes_block_mask:  # no mask: the cache must end at the branch point
-                self._rewind(prefix)
-                rows = []
-                for branch in branches:
-                    rows.append(self._forward(branch, [len(branch) - 1])[0])
-                    self._rewind(prefix)
-                return torch.stack(rows)
-            kv, cached = self._kv, self._cached
-            flat = [i for branch in branches for i in branch]
-            allowed = block_mask(cached, prefix, 0, [len(b) for b in branches])
-            positions, keep, offset = [], [], 0
-            for branch in branches:
-                positions.extend(range(prefix, prefix + len(branch)))
-                offset += len(branch)
-                keep.append(offset - 1)
-            rows = self._forward(flat, keep, allowed=allowed, positions=positions)
-            self._state.cache = kv  # what this pass added is dropped
-            return rows
-
-
-def block_mask(past: int, visible: int, tail: int, blocks: Sequence[int]) -> torch.Tensor:
-    """Which positions each new id of a verify-in-line pass may attend to: [n, past + n].
-
-    The new ids are a `tail` (the uncached end of a shared prefix) followed by blocks of the
-    given sizes. Every new id sees the first `visible` cached positions (cached ids beyond them,
-    a drafter's own draft, stay hidden) and the whole tail (the tail itself causally); each
-    block sees its own earlier ids only, never another block."""
-    n = tail + sum(blocks)
-    allowed = torch.zeros(n, past + n, dtype=torch.bool)
-    allowed[:, :visible] = True
-    allowed[:, past : past + tail] = True
-    allowed[:tail, past : past + tail] = torch.ones(tail, tail, dtype=torch.bool).tril()
-    offset = tail
-    for size in blocks:
-        at = past + offset
-        allowed[offset : offset + size, at : at + size] = torch.ones(size, size).bool().tril()
-        offset += size
-    return allowed

@@ -55,8 +55,9 @@ from .errors import (
     ServerError,
     TokenizerMismatchError,
 )
-from .loading import _TOKENIZER_PROBE, load_tokenizer
-from .member import Draft, Member, _common_prefix
+from .kv import common_prefix
+from .loading import TOKENIZER_PROBE, load_tokenizer
+from .member import Draft, Member
 from .sampling import Sampler
 from .vocab import Vocab, stop_logprob
 
@@ -254,7 +255,7 @@ class RemoteMember(Member):
         return wanted, (len(rows[0]) if wanted == -1 else None)
 
     def _check_tokenizer(self) -> None:
-        texts = [_TOKENIZER_PROBE]
+        texts = [TOKENIZER_PROBE]
         greeting = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
         # the rendered template checks the special tokens' ids too; no template: `start` says so
         with contextlib.suppress(ChatTemplateError):
@@ -264,7 +265,7 @@ class RemoteMember(Member):
             body = {"model": self.served, "prompt": text, "add_special_tokens": False}
             there = self._request("POST", f"{self.root}/tokenize", body, check=True)["tokens"]
             if here != there:
-                i = _common_prefix(here, there)
+                i = common_prefix(here, there)
                 raise TokenizerMismatchError(
                     f"member {self.name!r}: the server at {self.base_url} tokenizes differently "
                     f"from the tokenizer loaded here from {self.source!r} (first difference at "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .config import Stats
-from .events import EnsemblePoint, Event, _json_safe
+from .events import EnsemblePoint, Event, json_safe
 
 
 def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event]) -> dict:
@@ -22,7 +22,7 @@ def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event])
     `counts`, and `seconds`. Winners and points are empty for methods without them."""
     winners = {k.removeprefix("won/"): v for k, v in stats.counts.items() if k.startswith("won/")}
     points = [event.position for event in events if isinstance(event, EnsemblePoint)]
-    return _json_safe(
+    return json_safe(
         {
             **method_summary,
             "tokens": stats.tokens,

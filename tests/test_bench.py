@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from core.answers import answer_checker
+from core.bench.answers import answer_checker
 from core.cli import main
 
 

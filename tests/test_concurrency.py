@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import needs_trained
 
-from core import Ensemble, GenerationConfig
+from core import Ensemble, GenerationConfig, HFMember
 from core.errors import EnsembleBusyError
-from core.testbed import make_problems
+from core.testbed import make_problems, model_paths
 
 CONFIG = GenerationConfig(max_new_tokens=32)
 PROBLEMS = make_problems(16, seed=11)
@@ -81,7 +81,7 @@ async def test_sixteen_tasks_give_what_sequential_requests_give(
 def test_concurrent_passes_are_batched(shipped_members):
     """The forward passes of concurrent requests run together: fewer passes than rows."""
     ens = Ensemble(list(shipped_members[:1]), "single")
-    batcher = ens.members[0]._batcher
+    batcher = ens.members[0].batcher
     before_passes, before_rows = batcher.batches, batcher.rows
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS[:8]))
@@ -208,16 +208,15 @@ def test_a_full_queue_and_a_queue_timeout_are_errors(shipped_members):
 
 @needs_trained
 @pytest.mark.parametrize("method", ["single", "safe"])
-def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(shipped_members, method):
+def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(method):
     """An agent loop resends the whole history each turn: the prefix computed for the previous
     turn is reused, so only the new part of the prompt is computed (counted), and the text is
     the same as without reuse."""
-    from core.member import _common_prefix
+    from core.kv import common_prefix
 
-    reuse = Ensemble(list(shipped_members), method)
-    fresh = Ensemble(list(shipped_members), method, prefix_reuse=False)
-    for member in reuse.members:
-        member.reset()
+    members = [HFMember.load(path, device="cpu") for path in model_paths()]  # no kept prefix
+    reuse = Ensemble(members, method)
+    fresh = Ensemble(members, method, prefix_reuse=False)
     messages, previous = list(PROBLEMS[3].messages), None
     for turn in range(5):
         stream = reuse.stream(messages, CONFIG)
@@ -233,7 +232,7 @@ def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(shipped_me
             assert expected_deltas[-1].stats.prefilled[member.name] == len(prompt)
             if previous is None:
                 continue
-            shared = _common_prefix(previous[member.name], prompt)
+            shared = common_prefix(previous[member.name], prompt)
             new = len(prompt) - shared
             assert shared > len(prompt) // 2  # the history is most of the prompt...
             assert stats.prefilled[member.name] <= new + 1  # ...and is not computed again

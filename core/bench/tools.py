@@ -18,21 +18,21 @@ by `core.tools`' parser, as `parse_tool_calls` reads them).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench import Setup, ensemble_for
-from .config import GenerationConfig, Output
-from .ensemble import Ensemble
-from .errors import InvalidConfigError
-from .grammar import closed_schema
-from .member import Member
-from .methods import method_class
-from .tools import ToolCall
+from ..config import GenerationConfig, Output
+from ..ensemble import Ensemble
+from ..errors import InvalidConfigError
+from ..grammar import closed_schema
+from ..member import Member
+from ..methods import method_class
+from ..tools import ToolCall
+from .report import write_results
+from .setups import Setup, ensemble_for
 
 CONDITIONS = ("grammar", "prompt only")
 CALL_ID = "call_1"
@@ -54,7 +54,7 @@ class ToolTask:
 
 def testbed_tool_task(n: int, seed: int = 1) -> ToolTask:
     """The testbed's held-out tool-form problems and its tools."""
-    from . import testbed
+    from .. import testbed
 
     if "tool" not in getattr(testbed.task, "FORMS", ()):
         raise InvalidConfigError(
@@ -76,7 +76,7 @@ def tool_setups(
 ) -> list[Setup]:
     """One `single` per member, one setup per other method at its default options, plus
     `--config` setups."""
-    from .bench import parse_setups
+    from .setups import parse_setups
 
     setups = []
     for method in methods:
@@ -172,8 +172,6 @@ def summarise(setups: Sequence[Setup], records: dict[tuple[str, str], list[dict]
 
 def markdown(result: dict) -> str:
     lines = []
-    if result.get("command"):
-        lines += [f"Command: `{result['command']}`", ""]
     lines += [
         f"{result['problems']} held-out problems ({result['task']}: "
         f"{result['needs_call']} need one call, the others none), greedy, max_new_tokens="
@@ -247,6 +245,5 @@ def run(
         "rows": rows,
         "per_problem": {f"{label} / {condition}": rs for (label, condition), rs in records.items()},
     }
-    (out / "results.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
-    (out / "results.md").write_text(markdown(result))
+    result = write_results(out, result, markdown(result))
     return result

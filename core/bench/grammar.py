@@ -11,7 +11,6 @@ cost: the matchers kept in step with each member's ids and the masks applied to 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -20,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from .bench import Setup, ensemble_for
-from .bench_concurrency import ForwardClock
-from .config import GenerationConfig
-from .ensemble import Ensemble
-from .member import Member
+from ..config import GenerationConfig
+from ..ensemble import Ensemble
+from ..member import Member
+from .concurrency import ForwardClock
+from .report import write_results
+from .setups import Setup, ensemble_for
 
 GOAL = 1.15  # time per output token with the grammar, times without
 TOOL = {
@@ -123,8 +123,6 @@ def summarise(setups: Sequence[Setup], runs: Sequence[Run]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     lines = []
-    if result.get("command"):
-        lines += [f"Command: `{result['command']}`", ""]
     lines += [
         f"{result['problems']} problems ({result['task']}), greedy, max_new_tokens="
         f"{result['max_new_tokens']}, torch threads {result['torch_threads']}; grammar: tools "
@@ -209,6 +207,5 @@ def run(
         "rows": rows,
         "runs": [asdict(r) for r in runs],
     }
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "results.md").write_text(markdown(result))
+    result = write_results(out, result, markdown(result))
     return result

@@ -32,11 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench import Setup, ensemble_for, load_members
-from .config import GenerationConfig
-from .ensemble import Ensemble
-from .errors import MemberError
-from .member import Member
+from ..config import GenerationConfig
+from ..ensemble import Ensemble
+from ..errors import MemberError
+from ..member import Member
+from .report import pyplot, save_figure, write_results
+from .setups import Setup, ensemble_for, load_members
 
 KINDS = ("thread", "thread-abandon", "async", "async-cancel")
 KIND_SHARES = (0.35, 0.15, 0.35, 0.15)
@@ -187,7 +188,7 @@ class Soak:
         self.problems = list(problems)
         self.config = config
         self.ensembles: dict[tuple[str, str], Ensemble] = {
-            (s.label, policy): ensemble_for(members, s, on_member_failure=policy)
+            (s.label, policy): ensemble_for(members, s, on_member_failure=policy, prefix_reuse=True)
             for s in setups
             for policy in POLICIES
         }
@@ -403,8 +404,6 @@ class References:
 
 def markdown(result: dict) -> str:
     lines = []
-    if result.get("command"):
-        lines += [f"Command: `{result['command']}`", ""]
     totals = result["statuses"]
     lines += [
         f"{result['requests']} requests over {', '.join(result['labels'])} (each under both "
@@ -444,11 +443,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(windows: Sequence[dict], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     done = [w["requests_done"] for w in windows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     left.plot(done, [w["rss_mib"] for w in windows], marker="o")
@@ -462,11 +457,7 @@ def plot(windows: Sequence[dict], out: Path) -> Path:
     for ax in (left, right):
         ax.set_xlabel("requests done")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out / "soak.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "soak.png")
 
 
 def run(
@@ -520,7 +511,6 @@ def run(
         "windows": windows,
         "outcomes": [asdict(o) for o in outcomes],
     }
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "results.md").write_text(markdown(result))
+    result = write_results(out, result, markdown(result))
     result["plots"] = [str(plot(windows, out))]
     return result

@@ -19,7 +19,6 @@ drafter's log-prob gap between the two choices there.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
@@ -31,12 +30,14 @@ from pathlib import Path
 
 import torch
 
-from .bench import Setup, ensemble_for
-from .chat import normalize_messages
-from .config import GenerationConfig
-from .ensemble import Ensemble
-from .errors import InvalidConfigError
-from .member import HFMember, Member
+from ..chat import normalize_messages
+from ..config import GenerationConfig
+from ..ensemble import Ensemble
+from ..errors import InvalidConfigError
+from ..hf_member import HFMember
+from ..member import Member
+from .report import pyplot, save_figure, write_results
+from .setups import Setup, ensemble_for
 
 GOAL_LEVEL = 8  # the level the goals below are stated at
 GOAL_THROUGHPUT = 4.0  # tokens/s at GOAL_LEVEL, times one at a time
@@ -117,7 +118,7 @@ class Sample:
 
 
 def _batchers(members: Sequence[Member]) -> dict[str, object]:
-    return {m.name: m._batcher for m in members if isinstance(m, HFMember)}
+    return {m.name: m.batcher for m in members if isinstance(m, HFMember)}
 
 
 def _cpu_seconds() -> float:
@@ -136,8 +137,6 @@ def run_block(
 ) -> tuple[Block, list[Sample]]:
     """The items' requests on `level` threads (each takes the next request when its own is
     done), timed as a whole and one by one."""
-    for member in ensemble.members:
-        member.reset()
     batchers = _batchers(ensemble.members)
     before = {name: (b.batches, b.rows) for name, b in batchers.items()}
     samples: list[Sample] = []
@@ -278,8 +277,6 @@ def goals(rows: Sequence[dict]) -> list[dict]:
 def markdown(result: dict) -> str:
     rows = result["rows"]
     lines = []
-    if result.get("command"):
-        lines += [f"Command: `{result['command']}`", ""]
     lines += [
         f"{result['problems']} problems ({result['task']}), greedy, max_new_tokens="
         f"{result['max_new_tokens']}, chunks of {result['chunk']}, torch threads "
@@ -347,11 +344,9 @@ def markdown(result: dict) -> str:
 
 
 def plot(rows: Sequence[dict], out: Path) -> Path:
-    import matplotlib
+    from matplotlib.ticker import ScalarFormatter
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = [r for r in rows if r["label"] == label]
@@ -361,7 +356,7 @@ def plot(rows: Sequence[dict], out: Path) -> Path:
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r["level"] for r in rows}))
-        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_major_formatter(ScalarFormatter())
         ax.set_xlabel("concurrent requests")
         ax.grid(alpha=0.3)
     left.set_ylabel("output tokens/s (all requests)")
@@ -370,11 +365,7 @@ def plot(rows: Sequence[dict], out: Path) -> Path:
     right.set_ylabel("p50 latency / lone request")
     right.set_title(f"p50 latency ratio (dashed: goal at {GOAL_LEVEL})")
     left.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "concurrency.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "concurrency.png")
 
 
 def run(
@@ -459,7 +450,6 @@ def run(
         "requests": [asdict(s) for s in samples if s.level == 1]
         + [{k: v for k, v in asdict(s).items() if k != "text"} for s in samples if s.level != 1],
     }
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    (out / "results.md").write_text(markdown(result))
+    result = write_results(out, result, markdown(result))
     result["plots"] = [str(plot(rows, out))]
     return result

@@ -1,0 +1,269 @@
+"""The `bench` and `soak` commands of `llm-ensembling`: their arguments, and the run each one
+starts (the accuracy/speed table, concurrency, grammar cost, tool use, the soak)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from ..errors import EnsembleError, InvalidConfigError
+
+
+def _command(args: argparse.Namespace) -> str:
+    return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
+
+
+def _show(args: argparse.Namespace) -> None:
+    """Where the run's results went, and its table as written there."""
+    path = Path(args.out) / "results.md"
+    print(path)
+    print(path.read_text())
+
+
+def _members_and_setups(args: argparse.Namespace):
+    """The loaded members and one setup per method at its default options (plus --config), for
+    the benchmarks that compare methods under load, grammar or tools."""
+    from .setups import load_members, method_setups
+
+    if args.remote:
+        raise InvalidConfigError(
+            "--remote compares served models in the accuracy/speed table only; drop it with "
+            "--concurrency, --grammar-cost or --form tool."
+        )
+    if args.temperature:
+        raise InvalidConfigError(
+            "--concurrency, --grammar-cost and --form tool compare texts and answers of greedy "
+            "requests; drop --temperature."
+        )
+    methods = [m for m in args.methods.split(",") if m]
+    if args.aggregator is not None:
+        raise InvalidConfigError(
+            "--aggregator expands the accuracy/speed table's configurations; with "
+            "--concurrency, --grammar-cost or --form tool each method runs at its default "
+            "options: add others with --config label=method:aggregator=gac."
+        )
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    members = load_members(args.model, args.device, args.dtype, args.shape, args.ignore_stop)
+    names = [m.name for m in members]
+    return members, method_setups(methods, len(members), args.config, names)
+
+
+def _bench_concurrency(args: argparse.Namespace) -> None:
+    from . import concurrency
+    from .setups import load_task
+
+    levels = concurrency.parse_levels(args.concurrency)
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    concurrency.run(
+        members=members,
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        levels=levels,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+
+
+def _bench_grammar(args: argparse.Namespace) -> None:
+    from . import grammar
+    from .setups import load_task
+
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    grammar.run(
+        members=members,
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+
+
+def _bench_tools(args: argparse.Namespace) -> None:
+    from . import tools
+
+    if args.task != "arithmetic":
+        raise InvalidConfigError(
+            "--form tool runs the testbed's tool problems; drop --task (a JSONL file has no "
+            "tools to offer)."
+        )
+    task = tools.testbed_tool_task(args.n, args.seed)
+    methods = [m for m in args.methods.split(",") if m]
+    members, _ = _members_and_setups(args)
+    tools.run(
+        members=members,
+        setups=tools.tool_setups(methods, [m.name for m in members], args.config),
+        task=task,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+
+
+def bench(args: argparse.Namespace) -> None:
+    from .accuracy import run
+    from .setups import parse_setups
+
+    if args.concurrency and args.grammar_cost:
+        raise InvalidConfigError("--concurrency and --grammar-cost are two runs; pick one.")
+    if args.concurrency:
+        return _bench_concurrency(args)
+    if args.grammar_cost:
+        return _bench_grammar(args)
+    if args.form == "tool":
+        return _bench_tools(args)
+    methods = [m for m in args.methods.split(",") if m]
+    aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
+
+    def setups_from(names: list[str]):
+        return parse_setups(methods, aggregators, len(names), args.config, names)
+
+    run(
+        setups_from=setups_from,
+        models=args.model,
+        task=args.task,
+        form=args.form,
+        n=args.n,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        shape=args.shape,
+        threads=args.threads,
+        temperature=args.temperature,
+        ignore_stop=args.ignore_stop,
+        remote=args.remote,
+        command=_command(args),
+    )
+    _show(args)
+
+
+def soak(args: argparse.Namespace) -> None:
+    from . import soak as soak_run
+    from .setups import load_members, load_task, method_setups
+
+    for name in ("requests", "workers", "tasks", "window", "problems"):
+        if getattr(args, name) < 1:
+            raise InvalidConfigError(f"--{name} must be at least 1, got {getattr(args, name)}.")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    task = load_task("arithmetic", args.problems, args.seed)
+    members = load_members(args.model, args.device, args.dtype)
+    names = [m.name for m in members]
+    methods = [m for m in args.methods.split(",") if m]
+    result = soak_run.run(
+        members=members,
+        models=args.model,
+        setups=method_setups(methods, len(members), args.config, names),
+        problems=[messages for messages, _ in task.items],
+        requests=args.requests,
+        threads=args.workers,
+        tasks=args.tasks,
+        window=args.window,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+    if result["mismatches"] or result["held_slots"]:
+        raise EnsembleError(
+            f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "
+            f"{result['held_slots']} request slots are still held; see {args.out}/results.md."
+        )
+
+
+def add_commands(sub) -> None:
+    """The `bench` and `soak` sub-commands, on the CLI's sub-parsers."""
+    p = sub.add_parser("bench", help="measure methods side by side in one run")
+    p.add_argument("--methods", default="single,token,safe,specem")
+    p.add_argument("--aggregator", default=None, help="for token and safe (default: unite,gac)")
+    p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
+    p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
+    p.add_argument(
+        "--task",
+        default="arithmetic",
+        help='\'arithmetic\' or a JSONL file of {"prompt": ..., "answer": ...} lines, scored by '
+        "the FINAL answer compared exactly: the number, the multiple-choice letter or the text "
+        "after the last 'The answer is'/'Answer:' (else the last number or the final line)",
+    )
+    p.add_argument(
+        "--form",
+        default="cot",
+        choices=["cot", "rag", "tool"],
+        help="tool: each single model and method on tool-use problems (right tool, arguments "
+        "and final answer; schema-valid calls with the grammar and with the prompt only)",
+    )
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--out", default="bench-out")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--shape", default=None, help="tiny|testbed|1b|3b: random weights of these shapes"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: seeded sampling")
+    p.add_argument(
+        "--ignore-stop", action="store_true", help="never stop early (fixed-length speed runs)"
+    )
+    p.add_argument(
+        "--remote",
+        action="append",
+        default=[],
+        help="a vLLM server's URL serving the n-th model (repeat per model): every "
+        "configuration also runs with its members on the servers, in the same run",
+    )
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        metavar="LEVELS",
+        help="e.g. 1,2,4,8,16: every method (default options) at each number of concurrent "
+        "requests, against the same requests one at a time (tokens/s, latency, same text)",
+    )
+    p.add_argument(
+        "--grammar-cost",
+        action="store_true",
+        help="every method (default options) with and without a grammar that allows any text "
+        "(tools, tool_choice none): time per output token side by side, same text",
+    )
+    p.set_defaults(func=bench)
+
+    p = sub.add_parser(
+        "soak",
+        help="many requests of every kind (threads, asyncio, abandoned and cancelled streams, "
+        "injected member failures): memory, latency and answers over time",
+    )
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--methods", default="single,token,safe,specem")
+    p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
+    p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
+    p.add_argument("--workers", type=int, default=6, help="request threads")
+    p.add_argument("--tasks", type=int, default=6, help="asyncio tasks at once")
+    p.add_argument("--window", type=int, default=100, help="requests per measurement")
+    p.add_argument("--problems", type=int, default=24, help="distinct held-out problems")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--out", default="bench-out/soak")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=soak)

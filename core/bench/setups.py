@@ -1,0 +1,263 @@
+"""What a benchmark runs: the task's problems, the configurations (`Setup`s), and the members
+they share (loaded once per run: the given models, the shipped ones, or random weights of a real
+shape)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..ensemble import Ensemble
+from ..errors import InvalidConfigError
+from ..hf_member import HFMember
+from ..member import Member
+from ..methods import METHOD_NAMES, method_class
+from .answers import answer_checker
+
+# Random-weight shapes of real models, on the testbed tokenizers (speed only: accuracy is
+# meaningless for random weights). Keys are testbed model names.
+SHAPES: dict[str, dict[str, dict[str, int]]] = {
+    "tiny": {},  # 2 layers, hidden 32: the structural tests' models
+    "testbed": {},  # the shipped models' own shapes
+    "1b": {  # GPT-2 large, Qwen2.5-1.5B, Llama-3.2-1B
+        "tb-gpt2-bpe": dict(hidden_size=1280, num_layers=36, num_heads=20, intermediate_size=5120),
+        "tb-qwen2-spm": dict(
+            hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960
+        ),
+        "tb-llama-word": dict(
+            hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192
+        ),
+    },
+    "3b": {  # GPT-2 XL, Qwen2.5-3B, Llama-3.2-3B
+        "tb-gpt2-bpe": dict(hidden_size=1600, num_layers=48, num_heads=25, intermediate_size=6400),
+        "tb-qwen2-spm": dict(
+            hidden_size=2048, num_layers=36, num_heads=16, num_kv_heads=2, intermediate_size=11008
+        ),
+        "tb-llama-word": dict(
+            hidden_size=3072, num_layers=28, num_heads=24, num_kv_heads=8, intermediate_size=8192
+        ),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """Problems as (messages, checker) pairs, from the testbed or a JSONL file."""
+
+    name: str
+    items: list[tuple[list[dict], Callable[[str], bool]]]
+
+
+def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
+    """The testbed's arithmetic problems, or a JSONL file of {"prompt", "answer"} lines whose
+    outputs are checked by their FINAL answer (`core.bench.answers.answer_checker`: the number, the
+    multiple-choice letter or the text after the last "The answer is"/"Answer:", compared
+    exactly; never a match anywhere in the output)."""
+    if task == "arithmetic":
+        from ..testbed import check_answer, make_problems
+
+        problems = make_problems(n, seed=seed, form=form, split="test")
+        return Task(
+            f"arithmetic-{form}",
+            [(p.messages, lambda text, p=p: check_answer(text, p)) for p in problems],
+        )
+    path = Path(task)
+    if not path.is_file():
+        raise InvalidConfigError(
+            f"--task {task!r} is neither 'arithmetic' nor a JSONL file of "
+            '{"prompt": ..., "answer": ...} lines.'
+        )
+    items = []
+    for line_no, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidConfigError(
+                f"{path}:{line_no} is not JSON ({error.msg}); write one "
+                '{"prompt": ..., "answer": ...} object per line.'
+            ) from error
+        if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
+            raise InvalidConfigError(f"{path}:{line_no} needs 'prompt' and 'answer' fields.")
+        answer = str(row["answer"]).strip()
+        if not answer:
+            raise InvalidConfigError(f"{path}:{line_no} has an empty 'answer'; give the answer.")
+        items.append(([{"role": "user", "content": row["prompt"]}], answer_checker(answer)))
+        if len(items) == n:
+            break
+    return Task(path.stem, items)
+
+
+@dataclass
+class Setup:
+    """One configuration to measure: a label, a method, its options, the members it uses."""
+
+    label: str
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    members: list[int] | None = None  # indices into the loaded members; None = all
+    served_twin_of: str | None = None  # --remote: the in-process setup this one mirrors
+
+    def chosen(self, n_members: int) -> list[int]:
+        return list(self.members) if self.members is not None else list(range(n_members))
+
+    def drafter(self, n_members: int) -> int:
+        """The member whose speed alone is this configuration's reference."""
+        chosen = self.chosen(n_members)
+        if self.method == "single":
+            return chosen[self.options.get("member", 0)]
+        return chosen[self.options.get("drafter", 0)] if self.method == "safe" else chosen[0]
+
+
+def parse_setups(
+    methods: Sequence[str],
+    aggregators: Sequence[str],
+    n_members: int,
+    configs: Sequence[str] = (),
+    names: Sequence[str] = (),
+) -> list[Setup]:
+    """`--methods single,token,safe,specem` expands to one single per member and one token/safe
+    per aggregator; `--config label=method:key=value,...` adds exact configurations."""
+    setups: list[Setup] = []
+    for method in methods:
+        method_class(method)  # unknown or unavailable methods fail here
+        if method == "single":
+            for i in range(n_members):
+                label = f"single {names[i] if names else i}"
+                setups.append(Setup(label, "single", {"member": i}))
+        elif method in ("token", "safe"):
+            for aggregator in aggregators:
+                setups.append(Setup(f"{method} {aggregator}", method, {"aggregator": aggregator}))
+        else:
+            setups.append(Setup(method, method))
+    for spec in configs:
+        label, _, rest = spec.partition("=")
+        method, _, opts = rest.partition(":")
+        if not label or method not in METHOD_NAMES:
+            raise InvalidConfigError(
+                f"--config {spec!r}: use label=method[:key=value,...] with a method of "
+                f"{', '.join(METHOD_NAMES)}."
+            )
+        options: dict[str, Any] = {}
+        members = None
+        for pair in filter(None, opts.split(",")):
+            key, _, value = pair.partition("=")
+            if key == "members":
+                members = [int(v) for v in value.split("+")]
+            else:
+                options[key] = parse_value(value)
+        setups.append(Setup(label, method, options, members))
+    return setups
+
+
+def method_setups(
+    methods: Sequence[str], n_members: int, configs: Sequence[str] = (), names: Sequence[str] = ()
+) -> list[Setup]:
+    """One setup per method at its default options (`single` on the first member, labelled with
+    its name), plus `--config` setups: what the concurrency, soak, grammar and tool benchmarks
+    compare."""
+    setups = []
+    for method in methods:
+        method_class(method)  # unknown or unavailable methods fail here
+        label = f"single {names[0]}" if method == "single" and names else method
+        setups.append(Setup(label, method))
+    return setups + parse_setups((), (), n_members, configs, names)
+
+
+def shipped_model_paths() -> list[str]:
+    from ..testbed import model_paths
+
+    return [str(p) for p in model_paths()]
+
+
+def load_members(
+    models: Sequence[str] | None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    shape: str | None = None,
+    ignore_stop: bool = False,
+) -> list[HFMember]:
+    """In-process members, loaded once (every configuration of a run shares their weights): the
+    given models, the shipped ones by default, or random weights of a `shape`. `ignore_stop`:
+    they never end their turn (fixed-length speed runs; random weights may stop at any time)."""
+    if shape is not None:
+        members = shape_members(shape, device, dtype)
+    else:
+        models = models or shipped_model_paths()
+        members = [HFMember.load(p, device=device, dtype=dtype) for p in models]
+    if ignore_stop:
+        for member in members:
+            member.stop_ids = frozenset()
+    return members
+
+
+def ensemble_for(members: Sequence[Member], setup: Setup, **settings: Any) -> Ensemble:
+    """The setup's ensemble over the loaded members (`settings`: admission, failure policy).
+    Prefix reuse is off unless asked for: every request computes its whole prompt, so no
+    configuration profits from a prefix another one left behind."""
+    chosen = [members[i] for i in setup.chosen(len(members))]
+    settings.setdefault("prefix_reuse", False)
+    return Ensemble(chosen, setup.method, **settings, **setup.options)
+
+
+def weight_bytes(member: Member) -> int:
+    """Bytes of an in-process member's weights (0 for a member served elsewhere)."""
+    model = getattr(member, "model", None)
+    if model is None or not hasattr(model, "parameters"):
+        return 0
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
+    """Random-weight members of real shapes on the testbed tokenizers, built in memory on the
+    device (nothing downloaded, nothing written)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..loading import resolve_device, resolve_dtype
+    from ..testbed import MODEL_ORDER
+    from ..testbed.models import MEMBERS, MODELS_DIR, TINY, generation_config, make_config
+    from ..testbed.tokenizers import load_tokenizer
+
+    if shape not in SHAPES:
+        raise InvalidConfigError(f"--shape {shape!r}: use one of {', '.join(SHAPES)}.")
+    target = resolve_device(device)
+    members = []
+    for seed, name in enumerate(MODEL_ORDER):
+        spec, tok = MEMBERS[name], load_tokenizer(MODELS_DIR / name)
+        if shape == "testbed":
+            sizes = dict(spec.shape)
+        else:
+            sizes = SHAPES[shape].get(name) or {
+                k: v
+                for k, v in TINY.items()
+                if not (k == "num_kv_heads" and spec.model_type == "gpt2")
+            }
+        torch.manual_seed(seed)
+        with target:
+            model = AutoModelForCausalLM.from_config(
+                make_config(spec.model_type, tok, **sizes), dtype=resolve_dtype(dtype, target)
+            )
+        model.generation_config = generation_config(spec, tok)
+        members.append(HFMember(f"{name}-{shape}", model.eval(), tok))
+    return members
+
+
+def parse_value(value: str) -> Any:
+    """A command-line value as Python: None, a bool, an int, a float, else the string."""
+    lowered = value.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value

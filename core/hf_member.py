@@ -1,0 +1,274 @@
+"""The in-process backend: a Hugging Face causal LM on this machine's CPU or GPU.
+
+Its forward passes go through the model's batcher (`core.batching`), so concurrent requests on
+one model share passes; its computed keys and values live in the request's `SequenceState` as a
+`KVPrefix` (`core.kv`), and finished requests leave their prefixes in the model's `PrefixPool`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from .batching import Pass, batcher_for
+from .kv import KVPrefix, PrefixPool, block_mask
+from .member import Member
+from .vocab import Vocab, stop_logprob
+
+
+class HFMember(Member):
+    """An in-process Hugging Face causal LM with its tokenizer, device, dtype and KV cache."""
+
+    def __init__(self, name: str, model, tokenizer) -> None:
+        super().__init__()
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab = Vocab(tokenizer, model_vocab_size=model.config.get_text_config().vocab_size)
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos.append(tokenizer.eos_token_id)
+        self.stop_ids = frozenset(self.vocab.special_ids) | frozenset(eos)
+        config = model.config.get_text_config()
+        self.context_window = int(
+            getattr(config, "max_position_embeddings", None)
+            or getattr(config, "n_positions", None)
+            or getattr(config, "n_ctx", None)
+            or 2048
+        )
+        attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        self.takes_block_mask = attention in ("eager", "sdpa")
+        self.batcher = batcher_for(model, batched=self.takes_block_mask)
+        self._pool = PrefixPool()
+        self._reuse_prefixes = True
+        self.prefilled = 0  # prompt ids computed for the request (prefix reuse saves these)
+
+    @classmethod
+    def load(
+        cls,
+        source,
+        *,
+        device: str | torch.device | None = "auto",
+        dtype: str | torch.dtype | None = "auto",
+        name: str | None = None,
+        use_safetensors: bool = True,
+        attn_implementation: str | None = None,
+    ) -> HFMember:
+        from pathlib import Path
+
+        from .loading import (
+            check_model_source,
+            load_config,
+            load_model,
+            load_tokenizer,
+            resolve_device,
+            resolve_dtype,
+        )
+
+        source = check_model_source(source, use_safetensors)
+        load_config(source)
+        resolved = resolve_device(device)
+        model = load_model(
+            source, resolved, resolve_dtype(dtype, resolved), use_safetensors, attn_implementation
+        )
+        tokenizer = load_tokenizer(source)
+        return cls(name or Path(source).name or source, model, tokenizer)
+
+    def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> HFMember:
+        """`reuse=False`: this request neither takes nor leaves cached prompt prefixes."""
+        twin = super().spawn(cancel)
+        twin.prefilled, twin._reuse_prefixes = 0, reuse
+        return twin
+
+    # --- cache and forward ----------------------------------------------------------------
+
+    @property
+    def lane(self) -> str:
+        device = self.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return str(device)
+
+    @property
+    def _kv(self) -> KVPrefix | None:
+        return self._state.cache
+
+    @property
+    def _cached(self) -> int:
+        """Positions the cache holds."""
+        return self._kv.length if self._kv is not None else 0
+
+    def memory_bytes(self) -> int:
+        return self._kv.nbytes() if self._kv is not None else 0
+
+    def keep_prefix(self) -> None:
+        if self._kv is not None and self._reuse_prefixes:
+            self._pool.put(self._state.seq, self._kv)
+
+    def _reuse(self, prompt: list[int]) -> None:
+        if self._cached == 0 and self._reuse_prefixes:
+            self._state.cache = self._pool.take(prompt)
+
+    def _rewind(self, keep: int) -> None:
+        if self._kv is not None and keep < self._kv.length:
+            self._state.cache = self._kv.crop(keep)
+
+    def _forward(
+        self,
+        ids: list[int],
+        keep: list[int],
+        raw: bool = False,
+        allowed: torch.Tensor | None = None,
+        positions: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Feed ids after the cache; log-probs (or raw logits) at the given input indices.
+        `allowed` [len(ids), cached + len(ids)]: which positions each new id may attend to
+        (None: causal); `positions`: their position ids (None: right after the cache)."""
+        self._check_cancelled()
+        start = time.perf_counter()
+        kv = self._kv
+        job = Pass(
+            ids=list(ids),
+            keep=list(keep),
+            past=kv.layers if kv is not None else None,
+            past_len=self._cached,
+            allowed=allowed,
+            positions=positions,
+            raw=raw,
+        )
+        self.batcher.run(job)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.calls += 1
+        self.seconds += time.perf_counter() - start
+        self._state.cache = KVPrefix(job.present, self._cached + len(ids))
+        return job.rows
+
+    def _set_last_row(self, row: torch.Tensor | None) -> None:
+        if self._kv is not None:
+            self._state.cache = replace(self._kv, last_row=row)
+
+    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        self._check_boundaries(boundaries)
+        with self._transaction("next-token distributions"):
+            prompt_len, seq = self._state.prompt_len, self._state.seq
+            rows = [prompt_len + b - 1 for b in boundaries]
+            kv = self._kv
+            have = kv.length - 1 if kv is not None and kv.last_row is not None else None
+            got = {have: kv.last_row} if have is not None else {}
+            missing = sorted({r for r in rows if r != have})
+            if missing:
+                if missing[0] < self._cached:
+                    self._rewind(missing[0])
+                    got, missing = {}, sorted(set(rows))
+                start = self._cached
+                out = self._forward(seq[start : missing[-1] + 1], [r - start for r in missing])
+                self.prefilled += max(0, min(prompt_len, missing[-1] + 1) - start)
+                got.update(zip(missing, out, strict=True))
+                self._set_last_row(got[missing[-1]])
+            return torch.stack([got[r] for r in rows])
+
+    def score(
+        self,
+        continuations: Sequence[str],
+        *,
+        base: str | None = None,
+        ends: Sequence[bool] | None = None,
+        raw: bool = False,
+    ) -> list[torch.Tensor]:
+        """Verify-in-line: all continuations after the cached prefix in ONE forward pass, each
+        seeing the prefix and its own earlier tokens only (block mask, positions restarting at
+        the prefix end). Cached ids beyond `base` (a drafter's own draft) are hidden by the mask
+        and stay cached; the cache is otherwise returned to the prefix afterwards."""
+        with self._transaction("verify-in-line scoring"):
+            blocks, ends, start = self._continuation_blocks(continuations, base, ends)
+            visible = min(self._cached, start - 1)  # cached positions the blocks may see
+            tail = self._state.seq[visible:start]  # the prefix's uncached end (>= its last id)
+            if not self.takes_block_mask:
+                return self._score_each(visible, tail, blocks, ends, raw)
+            kv = self._kv
+            cached = self._cached
+            flat = tail + [i for block in blocks for i in block]
+            t = len(tail)
+            allowed = block_mask(cached, visible, t, [len(b) for b in blocks])
+            positions = list(range(visible, start))
+            for block in blocks:
+                positions.extend(range(start, start + len(block)))
+            rows = self._forward(flat, list(range(len(flat))), raw, allowed, positions)
+            last = rows[t - 1] if not raw else torch.log_softmax(rows[t - 1], -1)
+            if visible == cached:  # the tail filled the cache up to the prefix end: keep it
+                self._rewind(start)
+                self._set_last_row(last)
+            else:  # the cache reaches past the prefix: drop only what this pass added
+                self._state.cache = kv
+            scores, offset = [], t
+            for block, end in zip(blocks, ends, strict=True):
+                k = len(block)
+                predictors = torch.cat([rows[t - 1 : t], rows[offset : offset + k]])
+                scores.append(self._token_scores(predictors, block, end))
+                offset += k
+            return scores
+
+    def _token_scores(self, predictors: torch.Tensor, block: list[int], end: bool) -> torch.Tensor:
+        """predictors[j] produced block[j]; the row after the last token scores ending there."""
+        target = torch.tensor(block, dtype=torch.long, device=predictors.device)
+        values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
+        if end:
+            stop = stop_logprob(predictors[len(block)], self.stop_ids)
+            values = torch.cat([values, stop.reshape(1).to(values.dtype)])
+        return values.cpu()
+
+    def _score_each(
+        self, visible: int, tail: list[int], blocks: list[list[int]], ends: list[bool], raw: bool
+    ) -> list[torch.Tensor]:
+        """Fallback for attention kernels that cannot take a block mask: one pass per
+        continuation on the same cached prefix (same numbers, more passes). Without a mask the
+        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay)."""
+        self._rewind(visible)
+        start, first, scores = visible + len(tail), None, []
+        for block, end in zip(blocks, ends, strict=True):
+            feed = block if first is not None else tail + block
+            rows = self._forward(feed, list(range(len(feed))), raw=raw) if feed else None
+            if first is None:
+                first, rows = rows[len(tail) - 1], rows[len(tail) :]
+            self._rewind(start)
+            predictors = first[None] if rows is None else torch.cat([first[None], rows])
+            scores.append(self._token_scores(predictors, block, end))
+        if first is None:  # no continuations: nothing was computed
+            return scores
+        self._set_last_row(first if not raw else torch.log_softmax(first, -1))
+        return scores
+
+    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
+        with self._transaction("branch scoring"):
+            branches = self._check_branches(boundary, branches)
+            if not branches:
+                return torch.empty(0, self.vocab.size)
+            prefix = self._state.prompt_len + boundary
+            if self._cached < prefix:
+                self.logprobs([boundary])  # the cache now reaches the branch point
+            if not self.takes_block_mask:  # no mask: the cache must end at the branch point
+                self._rewind(prefix)
+                rows = []
+                for branch in branches:
+                    rows.append(self._forward(branch, [len(branch) - 1])[0])
+                    self._rewind(prefix)
+                return torch.stack(rows)
+            kv, cached = self._kv, self._cached
+            flat = [i for branch in branches for i in branch]
+            allowed = block_mask(cached, prefix, 0, [len(b) for b in branches])
+            positions, keep, offset = [], [], 0
+            for branch in branches:
+                positions.extend(range(prefix, prefix + len(branch)))
+                offset += len(branch)
+                keep.append(offset - 1)
+            rows = self._forward(flat, keep, allowed=allowed, positions=positions)
+            self._state.cache = kv  # what this pass added is dropped
+            return rows
