@@ -16,7 +16,9 @@ The ensembled token replaces draft token j, the rest of the draft is dropped, ev
 synced back to the committed text (`Member.sync` does every rollback) and the drafter resumes.
 
 Three rules the paper leaves to its code are options; `preset="authors"` follows the authors'
-released code on all three (docs/departures.md lists what each changes, measured):
+released code on all three (docs/departures.md lists what each changes, measured), and
+`preset="paper"` runs the paper's loop as the paper states it (our extensions off, the rules it
+leaves open as the library decides them):
 - `stop_check`: "mass" = at the drafter's stop, a verifier's own "token" is the stop, with its
   stop mass (all its stop ids) as the probability and "argmax" meaning the stop mass beats every
   other id; "text" (authors) = the stop is decoded into the text ("<|end|>") and a verifier reads
@@ -98,9 +100,15 @@ EXTRA_TOKENS = "ensemble_extra_tokens"
 
 STOP_CHECKS = ("mass", "text")
 REMAPS = ("likeliest", "as-aligned")
-# The three rules as the library decides them, and as the authors' released code has them.
+# The three rules as the library decides them.
 RULES = {"stop_check": "mass", "remap": "likeliest", "subtoken": "first"}
-PRESETS = {"authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank"}}
+# What a preset sets: the three rules and our extension `heal`; the library's defaults, then
+# each preset: the paper's loop (no extension), the authors' released code (their three rules).
+DEFAULTS = {**RULES, "heal": False}
+PRESETS = {
+    "paper": {"heal": False},
+    "authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank", "heal": False},
+}
 
 __all__ = ["EXTRA_TOKENS", "HEALED", "PRESETS", "SKIP_REASONS", "Safe", "consensus"]
 
@@ -178,7 +186,7 @@ class Safe(Method):
         top_k: int = 10,
         sharpen: str | None = "heuristic",
         threshold: float = 0.1,
-        heal: bool | str = False,
+        heal: bool | str | None = None,
         max_lookahead: int | None = None,
         preset: str | None = None,
         stop_check: str | None = None,
@@ -186,8 +194,9 @@ class Safe(Method):
         subtoken: str | None = None,
     ) -> None:
         super().__init__(members)
-        _check_options(aggregator, sharpen, lookahead, top_k, max_lookahead, threshold, heal)
-        rules = _rules(preset, stop_check=stop_check, remap=remap, subtoken=subtoken)
+        _check_options(aggregator, sharpen, lookahead, top_k, max_lookahead, threshold)
+        rules = _rules(preset, stop_check=stop_check, remap=remap, subtoken=subtoken, heal=heal)
+        heal = rules["heal"]
         self.drafter = pick_member(self.members, drafter, "drafter")
         self.lookahead = lookahead
         self.max_lookahead = max_lookahead or lookahead
@@ -470,7 +479,7 @@ class Safe(Method):
 # Pieces of a cycle that need no method state.
 
 
-def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, threshold, heal) -> None:
+def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, threshold) -> None:
     check_choice("aggregator", aggregator, AGGREGATORS)
     check_choice("sharpen", sharpen_, (*SHARPENINGS, None))
     check_int("lookahead", lookahead, low=1, example=5)  # the paper's 5
@@ -478,18 +487,19 @@ def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, thresh
     if max_lookahead is not None:  # None: every draft `lookahead` tokens, as in the paper
         check_int("max_lookahead", max_lookahead, low=lookahead, example=max(20, lookahead))
     check_real("threshold", threshold, low=0, high=1, high_open=True, example=0.1)
-    check_choice("heal", heal, (False, True, "oov"))
 
 
-def _rules(preset: str | None, **given: str | None) -> dict[str, str]:
-    """The three rules: each given option, else the preset's, else the library's."""
+def _rules(preset: str | None, **given) -> dict:
+    """What a preset sets (the three rules, `heal`): each given option, else the preset's, else
+    the library's default."""
     if preset is not None:
         check_choice("preset", preset, tuple(PRESETS))
-    rules = {**RULES, **(PRESETS[preset] if preset else {})}
+    rules = {**DEFAULTS, **(PRESETS[preset] if preset else {})}
     rules |= {k: v for k, v in given.items() if v is not None}
     check_choice("stop_check", rules["stop_check"], STOP_CHECKS)
     check_choice("remap", rules["remap"], REMAPS)
     check_choice("subtoken", rules["subtoken"], SUBTOKEN_RULES)
+    check_choice("heal", rules["heal"], (False, True, "oov"))
     return rules
 
 
