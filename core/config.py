@@ -87,7 +87,8 @@ class Stats:
     member_seconds: dict[str, float] = field(default_factory=dict)
     member_calls: dict[str, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # SpecEM's voting weights at the end
+    member_weights: dict[str, float] = field(default_factory=dict)  # the trust it started with
     seconds: float = 0.0
     first_delta_seconds: float | None = None
     failed: dict[str, str] = field(default_factory=dict)  # member -> why it left the request
@@ -128,6 +129,7 @@ class Stats:
             "member_calls": dict(self.member_calls),
             "counts": dict(self.counts),
             "weights": {k: round(v, 6) for k, v in self.weights.items()},
+            "member_weights": {k: round(v, 6) for k, v in self.member_weights.items()},
             "seconds": round(self.seconds, 6),
             "first_delta_seconds": (
                 None if self.first_delta_seconds is None else round(self.first_delta_seconds, 6)

@@ -21,9 +21,11 @@ a fresh view.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
@@ -41,6 +43,8 @@ from .sampling import Sampler
 from .shaping import ResponseShaper
 from .sources import Models, model_sources
 from .tools import InvalidToolCall, ToolCall
+from .trust import FLOOR, LEARN, LR, PROBE_EVERY, MemberTrust, TrustView, check_options
+from .validate import check_bool
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -66,6 +70,10 @@ class Ensemble:
         max_queue: int | None = None,
         queue_timeout: float | None = None,
         prefix_reuse: bool = True,
+        learn_weights: bool = LEARN,
+        weight_lr: float = LR,
+        weight_floor: float = FLOOR,
+        probe_every: int = PROBE_EVERY,
         **options: Any,
     ) -> None:
         if not members:
@@ -83,6 +91,13 @@ class Ensemble:
         self.method_name = method
         self.options = dict(options)
         self.method = build_method(method, self.members, options)
+        self.trust = MemberTrust(
+            [m.name for m in self.members],
+            learn=learn_weights,
+            lr=weight_lr,
+            floor=weight_floor,
+            probe_every=probe_every,
+        )
         self.on_member_failure = on_member_failure
         self.prefix_reuse = bool(prefix_reuse)
         limit = max_concurrency or default_concurrency(self.members)
@@ -106,11 +121,17 @@ class Ensemble:
         max_queue: int | None = None,
         queue_timeout: float | None = None,
         prefix_reuse: bool = True,
+        learn_weights: bool = LEARN,
+        weight_lr: float = LR,
+        weight_floor: float = FLOOR,
+        probe_every: int = PROBE_EVERY,
         **options: Any,
     ) -> Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
-        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the first
-        member drafts. `device`/`dtype` concern in-process members only."""
+        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the member
+        trusted most drafts (the first while all are trusted alike). `device`/`dtype` concern
+        in-process members only. `learn_weights`, `weight_lr`, `weight_floor`, `probe_every`:
+        the member trust (`core.trust`; README "Member trust")."""
         models = model_sources(models)
         if not models:
             raise InvalidConfigError(
@@ -119,6 +140,7 @@ class Ensemble:
         check_method(method, len(models), options)  # fail before loading anything
         _check_policy(on_member_failure)
         check_admission(max_concurrency, max_queue, queue_timeout)
+        check_options(learn_weights, weight_lr, weight_floor, probe_every)
         devices = _per_member(device, len(models), "device")
         dtypes = _per_member(dtype, len(models), "dtype")
         labels = _per_member(names, len(models), "names") if names else [None] * len(models)
@@ -148,6 +170,10 @@ class Ensemble:
             max_queue=max_queue,
             queue_timeout=queue_timeout,
             prefix_reuse=prefix_reuse,
+            learn_weights=learn_weights,
+            weight_lr=weight_lr,
+            weight_floor=weight_floor,
+            probe_every=probe_every,
             **options,
         )
 
@@ -216,21 +242,44 @@ class Ensemble:
             [d async for d in self.astream(messages, config, on_event=on_event, **overrides)]
         )
 
+    # --- member trust (core.trust) -----------------------------------------------------------
+
     @property
-    def weights(self) -> dict[str, float] | None:
-        """Voting weights carried from request to request, for methods that learn them (SpecEM
-        with `persist_weights=True`); each request's own are in its `stats.weights`."""
-        weights = getattr(self.method, "weights", None)
-        return dict(weights) if isinstance(weights, dict) else None
+    def member_weights(self) -> dict[str, float]:
+        """How far the ensemble trusts each member: weights that sum to 1, learned from its
+        own decisions across requests (`learn_weights`). Each request starts from the weights
+        as they are when it starts; they are in its `stats.member_weights`."""
+        return self.trust.weights
+
+    @property
+    def learn_weights(self) -> bool:
+        """Whether requests update `member_weights`. False freezes them: a request's text then
+        depends on that request alone."""
+        return self.trust.learn
+
+    @learn_weights.setter
+    def learn_weights(self, learn: bool) -> None:
+        self.trust.learn = check_bool("learn_weights", learn)
 
     def reset_weights(self) -> None:
-        reset = getattr(self.method, "reset_weights", None)
-        if reset is None:
-            raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
-        reset()
+        """Equal weights again: every method then decides exactly as it does without them."""
+        self.trust.reset()
+
+    def save_weights(self, path: str | os.PathLike) -> Path:
+        """`member_weights` as JSON, written atomically. Returns the path."""
+        return self.trust.save(path)
+
+    def load_weights(self, path: str | os.PathLike, *, freeze: bool = True) -> None:
+        """Weights from a file `save_weights` wrote. The file is checked first (member names,
+        count, finite weights above 0); a bad one raises InvalidConfigError naming it, and
+        nothing changes. `freeze=True` also stops learning, so texts are reproducible;
+        `freeze=False` learns on from the loaded weights."""
+        self.trust.load(path, freeze=freeze)
 
     def summary(self) -> dict:
-        return self.method.summary()
+        """The method, its settings and the member trust, as the next request would see them
+        (SAFE: the drafter that trust picks)."""
+        return {**self.method.trusting(self.trust.weights).summary(), **self.trust.summary()}
 
     # --- internals -------------------------------------------------------------------------
 
@@ -254,6 +303,8 @@ class Ensemble:
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
         method = self.method.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
+        if len(method.active) > 1:  # trust weighs members that decide together
+            method = self._trusted(method, request)
         tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
         for member in method.active:
             request.stats.prompt_tokens[member.name] = member.start(
@@ -261,6 +312,19 @@ class Ensemble:
             )
         run = _Run(self, members, method, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
+
+    def _trusted(self, method: Method, request: Request) -> Method:
+        """The request's method under the member trust: members under the floor left out
+        (unless this request probes them), roles that follow trust set, and the request's
+        handle for reporting decisions."""
+        plan = self.trust.plan()
+        for name in [m.name for m in method.members if m.name not in plan.asked]:
+            method = method.without(name)
+        request.trust = TrustView(plan.weights, self.trust, request.emit)
+        request.stats.member_weights = dict(plan.weights)
+        if plan.probe:
+            request.stats.count("trust_probe")
+        return method.trusting(plan.weights)
 
 
 class RequestStream(Iterator[Delta]):

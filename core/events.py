@@ -126,6 +126,19 @@ class WeightsUpdated(Event):
 
 
 @dataclass(frozen=True)
+class TrustUpdated(Event):
+    """The ensemble's member trust learned from one decision of this request. `rewards` says
+    how far each member asked there backed what was committed (0..1). `weights` holds every
+    member's weight after the update, and `update` counts the updates since the last reset
+    or load. These are the weights later requests start from (`Ensemble.member_weights`)."""
+
+    name: ClassVar[str] = "trust_updated"
+    update: int
+    weights: dict[str, float] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class MemberFailed(Event):
     """A member failed during the request: `operation` it was doing, `error` what happened.
     With `on_member_failure="drop"` the request goes on without it; else it ends there."""
@@ -168,6 +181,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SegmentCandidates,
     SegmentSelected,
     WeightsUpdated,
+    TrustUpdated,
     MemberFailed,
     ToolCallEvent,
     GrammarForced,

@@ -93,7 +93,8 @@ class ChatEnsemble(BaseChatModel):
     models: list[str | Remote] = Field(
         default_factory=list,
         description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(a dict of Remote's fields works too). SAFE: the first one drafts.",
+        "(a dict of Remote's fields works too). SAFE: the most trusted drafts (the first "
+        "while all are trusted alike).",
     )
     method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
     method_options: dict[str, Any] = Field(
@@ -165,7 +166,8 @@ class ChatEnsemble(BaseChatModel):
 
     @property
     def ensemble(self) -> Ensemble:
-        """The engine (loaded on first use): weights, `reset_weights()`, members, `summary()`."""
+        """The engine (loaded on first use): `member_weights`, `save_weights()`, members,
+        `summary()`."""
         if self._engine is None:
             self._engine = shared_ensemble(
                 self.models,

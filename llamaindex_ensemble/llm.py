@@ -106,7 +106,7 @@ class EnsembleLLM(FunctionCallingLLM):
     models: list[str | Remote] = Field(
         default_factory=list,
         description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(SAFE drafts with the first).",
+        "(SAFE drafts with the most trusted: the first while all are trusted alike).",
     )
     method: str = Field(default="safe", description="'safe' | 'specem' | 'token' | 'single'.")
     method_options: dict[str, Any] = Field(

@@ -21,6 +21,7 @@ from ..errors import InvalidConfigError
 from ..events import Event
 from ..member import Member
 from ..sampling import Sampler
+from ..trust import TrustView
 from ..validate import check_choice  # noqa: F401 (methods import it from here)
 
 
@@ -42,6 +43,7 @@ class Request:
     text: str = ""  # the committed response so far
     on_event: Callable[[Event], None] | None = None
     pending: list[Event] = field(default_factory=list)
+    trust: TrustView = field(default_factory=TrustView)  # the ensemble's member weights
 
     @property
     def remaining(self) -> int:
@@ -138,6 +140,12 @@ class Method(ABC):
     def active(self) -> list[Member]:
         """The members this method runs (the facade starts only these for a request)."""
         return self.members
+
+    def trusting(self, weights: dict[str, float]) -> Method:
+        """This method for a request that starts with the ensemble's member `weights`. Roles
+        that follow trust are set here, before any prompt is rendered; SAFE's drafter is one.
+        With equal weights the method is the same as it is without trust."""
+        return self
 
     @abstractmethod
     def run(self, request: Request) -> Iterator[Commit]:

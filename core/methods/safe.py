@@ -52,6 +52,12 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
   min(1, mean own-token probability / the drafter's); otherwise P_ens is sampled (no residual
   correction: the union's candidates are not the drafter's vocabulary).
 
+The ensemble's member trust (`core.trust`) meets the loop at narrow hooks. Unless `drafter=` is
+given, the member trusted most drafts. P_ens and the consensus check's average are weighted by
+the trust, in the weighted form of the paper's App. H. Each ensemble point reports who backed
+the committed string, and each consensus skip reports which verifiers agreed. With equal
+weights, all of this is the paper's loop, bit for bit.
+
 Two extensions sit beside the paper's loop, both off by default:
 - `heal=True` (or "oov"): read a verifier by text where its tokens and the drafter's do not line
   up (`safe_heal.py`, behind one per-cycle object: where a verifier's tokens sit, whether a
@@ -87,6 +93,7 @@ from ..events import (
 from ..member import Draft, Member
 from ..parallel import each
 from ..sampling import Sampler
+from ..trust import backers
 from ..validate import check_int, check_real
 from ..vocab import EOS, SUBTOKEN_RULES, ByteIndex, UnionVocab, stop_logprob, unite_union
 from .base import Commit, Method, Request, check_choice, pick_member
@@ -113,7 +120,9 @@ PRESETS = {
 __all__ = ["EXTRA_TOKENS", "HEALED", "PRESETS", "SKIP_REASONS", "Safe", "consensus"]
 
 
-def consensus(own: Sequence[float], agree: Sequence[bool]) -> bool:
+def consensus(
+    own: Sequence[float], agree: Sequence[bool], weights: Sequence[float] | None = None
+) -> bool:
     """SAFE's skip rule (Ensemble Distribution Verification). `own[0]` is the drafter's
     probability of its own token, `own[1:]` each verifier's probability of ITS own next token
     at the aligned boundary; `agree[i]` says whether verifier i's argmax is that token.
@@ -121,8 +130,15 @@ def consensus(own: Sequence[float], agree: Sequence[bool]) -> bool:
     Skip when every verifier agrees (the drafter, greedy, agrees by construction) or when the
     average own-token probability is above 1/2: either way the drafted token is the argmax of
     the plain average (Theorem 1), so ensembling cannot change it. Ties (exactly 1/2) do not
-    skip: two candidates could then share the maximum."""
-    return all(agree) or sum(own) / len(own) > 0.5
+    skip: two candidates could then share the maximum. With member `weights` (in `own`'s
+    order) the average is the weighted one the ensemble then takes (the paper's App. H)."""
+    return all(agree) or _mean(own, weights) > 0.5
+
+
+def _mean(values: Sequence[float], weights: Sequence[float] | None) -> float:
+    if weights is None:
+        return sum(values) / len(values)
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,7 +196,7 @@ class Safe(Method):
     def __init__(
         self,
         members,
-        drafter: int | str = 0,
+        drafter: int | str | None = None,
         lookahead: int = 5,
         aggregator: str = "unite",
         top_k: int = 10,
@@ -197,7 +213,9 @@ class Safe(Method):
         _check_options(aggregator, sharpen, lookahead, top_k, max_lookahead, threshold)
         rules = _rules(preset, stop_check=stop_check, remap=remap, subtoken=subtoken, heal=heal)
         heal = rules["heal"]
-        self.drafter = pick_member(self.members, drafter, "drafter")
+        # None: the member the ensemble trusts most drafts (the first while all are trusted alike)
+        self.drafter = 0 if drafter is None else pick_member(self.members, drafter, "drafter")
+        self.drafter_given = drafter is not None
         self.lookahead = lookahead
         self.max_lookahead = max_lookahead or lookahead
         self.aggregator = aggregator
@@ -215,6 +233,14 @@ class Safe(Method):
         """The drafter first (it owns the output tokenization), then the verifiers."""
         d = self.drafter
         return [self.members[d]] + [m for i, m in enumerate(self.members) if i != d]
+
+    def trusting(self, weights: dict[str, float]) -> Safe:
+        """Unless `drafter=` was given, the member trusted most drafts (ties: the first)."""
+        twin = self.bind(self.members)
+        if not self.drafter_given:
+            trust = [weights.get(m.name, 0.0) for m in self.members]
+            twin.drafter = max(range(len(trust)), key=lambda i: (trust[i], -i))
+        return twin
 
     @property
     def verifiers(self) -> list[int]:
@@ -333,7 +359,12 @@ class Safe(Method):
                 agree.append(view.agree[j])
         if any(cycle.heal.reads(i, j) for i in self.verifiers):
             cycle.request.stats.count(HEALED)
-        return SkipConsensus(at) if self._agreed(own, agree, cycle.request.sampler) else None
+        weights = self._trust(cycle, [self.drafter, *self.verifiers])
+        if not self._agreed(own, agree, cycle.request.sampler, weights):
+            return None
+        names = [self.members[i].name for i in self.verifiers]  # the member trust's report:
+        cycle.request.trust.update(dict(zip(names, map(float, agree), strict=True)))  # agreed?
+        return SkipConsensus(at)
 
     def _ensemble_here(
         self, cycle: _Cycle, j: int, pos: _Position, at: int, tokens: int
@@ -357,12 +388,16 @@ class Safe(Method):
     # --- reading the members ----------------------------------------------------------------
 
     @staticmethod
-    def _agreed(own: list[float], agree: list[bool], sampler: Sampler) -> bool:
+    def _agreed(own: list[float], agree: list[bool], sampler: Sampler, weights=None) -> bool:
         if sampler.greedy:
-            return consensus(own, agree)
+            return consensus(own, agree, weights)
         # App. H: accept the drafted token with probability min(1, P_ens / P_draft)
-        ratio = (sum(own) / len(own)) / max(own[0], 1e-30)
+        ratio = _mean(own, weights) / max(own[0], 1e-30)
         return sampler.uniform() < min(1.0, ratio)
+
+    def _trust(self, cycle: _Cycle, order: list[int]) -> list[float] | None:
+        """The ensemble's member trust for these members (None: all equal, the paper's mean)."""
+        return cycle.request.trust.of([self.members[i].name for i in order])
 
     def _view(self, cycle: _Cycle, i: int) -> _View:
         """Verifier i synced to committed + draft, with each position found in its tokens
@@ -411,8 +446,9 @@ class Safe(Method):
                 probs[i] = cycle.heal.column(i, j, cycle.views[i], strings, pool)
         matrix = torch.stack([probs[i] for i in order])
         eligible = _drafter_top(self.members[self.drafter], pos.row, self.top_k, strings, where)
+        weights = self._trust(cycle, order)
         scores, fired = sharpen(
-            matrix, self.sharpening, strings, eligible, donors, threshold=self.threshold
+            matrix, self.sharpening, strings, eligible, donors, weights, threshold=self.threshold
         )
         sampler = cycle.request.sampler
         if float(scores.max()) <= 0:  # a grammar allows only part of a character here: no
@@ -420,6 +456,8 @@ class Safe(Method):
             return None, EnsemblePoint(at, pos.string, pos.string, top, fired)
         pick = int(torch.argmax(scores)) if sampler.greedy else sampler.pick_probs(scores)
         chosen = strings[pick]
+        names = [self.members[i].name for i in order]  # the member trust's report: who backed it
+        cycle.request.trust.update(backers(names, matrix, strings, pick))
         return chosen, EnsemblePoint(at, pos.string, chosen, top_candidates(strings, scores), fired)
 
     def _unite(self, plain: list[int], rows: dict[int, torch.Tensor]):
