@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from ..config import GenerationConfig
-from ..ensemble import Ensemble
 from .accuracy import Record, run_one, summarise
 from .report import write_results
 from .setups import Setup, ensemble_for, load_members, load_task, parse_setups
@@ -79,22 +78,6 @@ def headroom_setups(
     return setups + parse_setups((), (), len(names), configs, names)
 
 
-def learned_weights(ensemble: Ensemble) -> dict[str, float] | None:
-    """The member weights the ensemble carries from request to request, where it has any."""
-    weights = getattr(ensemble, "member_weights", None)
-    if weights is None:
-        weights = ensemble.weights
-    return dict(weights) if weights else None
-
-
-def freeze(ensemble: Ensemble) -> None:
-    """Stop the ensemble learning weights (where it learns any): measured answers then depend
-    on their problem alone."""
-    freezer = getattr(ensemble, "freeze_weights", None)
-    if freezer is not None:
-        freezer()
-
-
 def run(
     *,
     n: int = 200,
@@ -129,8 +112,8 @@ def run(
         for messages, _ in warm_task.items if warm_task else ():
             ensemble.generate(messages, config)
             _tick(bar)
-        freeze(ensemble)
-        weights[setup.label] = learned_weights(ensemble)
+        ensemble.learn_weights = False  # measured answers depend on their problem alone
+        weights[setup.label] = ensemble.member_weights if len(ensemble.members) > 1 else None
         # one untimed request (lazy inits, allocator); the drafter is the first member started
         first = ensemble.generate(task.items[0][0], GenerationConfig(max_new_tokens=8))
         drafters[setup.label] = names.index(next(iter(first.stats.prompt_tokens)))

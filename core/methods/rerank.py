@@ -28,7 +28,7 @@ from ..events import SegmentCandidates, SegmentSelected
 from ..member import Member
 from ..parallel import each
 from .base import Commit, Method, Request, check_choice
-from .specem import SCORES, normalise
+from .specem import SCORES, normalise, win_rates
 
 
 @dataclass
@@ -92,7 +92,9 @@ class Rerank(Method):
         """Every member scores every answer (one pass each); the weighted vote picks one."""
         names = [m.name for m in self.members]
         k = len(self.members)
-        weights = torch.full((k,), 1.0 / k, dtype=torch.float64)
+        trust = request.trust.of(names)
+        weights = torch.tensor(trust or [1.0] * k, dtype=torch.float64)
+        weights = weights / weights.sum()
         if len(answers) == 1:  # every member wrote the same answer: nothing to vote on
             request.stats.count("consensus")
             shares = torch.ones(k, 1, dtype=torch.float64)
@@ -118,6 +120,11 @@ class Rerank(Method):
             for v in range(k)
         }
         request.emit(SegmentSelected(1, winner, chosen.text, scores, request.stats.weights))
+        if len(answers) > 1:  # the member trust's report: how the others scored each answer
+            column = {i: c for c, a in enumerate(answers) for i in a.authors}
+            authors = sorted(column)
+            rates = win_rates(shares[:, [column[i] for i in authors]], authors).tolist()
+            request.trust.update({names[i]: rates[i] for i in authors})
         return chosen
 
     def summary(self) -> dict:
