@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .bench.commands import add_commands
 from .errors import EnsembleError, InvalidConfigError
+from .methods import DEFAULT_METHOD
 
 
 def _options(pairs: Sequence[str]) -> dict:
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="stream one answer from an ensemble")
     p.add_argument("prompt")
     p.add_argument("--model", action="append", default=[], help="repeat for each member")
-    p.add_argument("--method", default="safe")
+    p.add_argument("--method", default=DEFAULT_METHOD)
     p.add_argument("--option", action="append", default=[], help="method option key=value")
     p.add_argument("--system", default="")
     p.add_argument("--max-new-tokens", type=int, default=256)

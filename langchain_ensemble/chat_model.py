@@ -28,7 +28,7 @@ from core.config import Delta, GenerationConfig
 from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.events import Event
-from core.methods import check_method
+from core.methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
 from core.sources import model_sources
@@ -96,7 +96,7 @@ class ChatEnsemble(BaseChatModel):
         "(a dict of Remote's fields works too). SAFE: the most trusted drafts (the first "
         "while all are trusted alike).",
     )
-    method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
+    method: str = Field(default=DEFAULT_METHOD, description=" | ".join(METHOD_NAMES))
     method_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",

@@ -49,7 +49,7 @@ from core import Delta, Ensemble, GenerationConfig, InvalidConfigError
 from core.concurrency import iterate_in_thread
 from core.events import Event
 from core.loading import check_model_source
-from core.methods import check_method
+from core.methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
 from core.sources import model_sources
@@ -108,7 +108,7 @@ class EnsembleLLM(FunctionCallingLLM):
         description="Local model directories, hub ids, or Remote(...) members served by vLLM "
         "(SAFE drafts with the most trusted: the first while all are trusted alike).",
     )
-    method: str = Field(default="safe", description="'safe' | 'specem' | 'token' | 'single'.")
+    method: str = Field(default=DEFAULT_METHOD, description=" | ".join(METHOD_NAMES))
     method_options: dict[str, Any] = Field(
         default_factory=dict, description="Options of the method, e.g. {'member': 1}."
     )

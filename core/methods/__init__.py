@@ -9,6 +9,9 @@ from ..errors import InvalidConfigError
 from .base import Commit, Method, Request
 
 METHOD_NAMES = ("single", "token", "safe", "specem", "rerank")
+# The method an Ensemble (and each adapter) runs unless told otherwise, at its own default
+# options: the best configuration measured (README, "The default").
+DEFAULT_METHOD = "safe"
 
 
 def method_class(name: str) -> type[Method]:
@@ -48,6 +51,7 @@ def build_method(name: str, members, options: dict) -> Method:
 
 
 __all__ = [
+    "DEFAULT_METHOD",
     "METHOD_NAMES",
     "Commit",
     "Method",
