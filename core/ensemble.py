@@ -272,8 +272,9 @@ class Ensemble:
     def load_weights(self, path: str | os.PathLike, *, freeze: bool = True) -> None:
         """Weights from a file `save_weights` wrote. The file is checked first (member names,
         count, finite weights above 0); a bad one raises InvalidConfigError naming it, and
-        nothing changes. `freeze=True` also stops learning, so texts are reproducible;
-        `freeze=False` learns on from the loaded weights."""
+        nothing changes. `freeze=True` also stops learning, so texts are reproducible.
+        `freeze=False` keeps `learn_weights` as it is: a learning ensemble learns on from
+        the loaded weights."""
         self.trust.load(path, freeze=freeze)
 
     def summary(self) -> dict:
@@ -320,7 +321,7 @@ class Ensemble:
         plan = self.trust.plan()
         for name in [m.name for m in method.members if m.name not in plan.asked]:
             method = method.without(name)
-        request.trust = TrustView(plan.weights, self.trust, request.emit)
+        request.trust = TrustView(plan.weights, self.trust)
         request.stats.member_weights = dict(plan.weights)
         if plan.probe:
             request.stats.count("trust_probe")
@@ -378,6 +379,9 @@ class _Run:
                 raise failed.error from None
             text, calls = shaper.finish()
             self._report(calls)
+            learned = self.request.trust.commit()  # a request that fails never gets here
+            if learned is not None:
+                self.request.emit(learned)
             if any(isinstance(c, ToolCall) for c in self.calls) and not any(
                 isinstance(c, InvalidToolCall) for c in self.calls
             ):

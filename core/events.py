@@ -127,13 +127,18 @@ class WeightsUpdated(Event):
 
 @dataclass(frozen=True)
 class TrustUpdated(Event):
-    """The ensemble's member trust learned from one decision of this request. `rewards` says
-    how far each member asked there backed what was committed (0..1). `weights` holds every
-    member's weight after the update, and `update` counts the updates since the last reset
-    or load. These are the weights later requests start from (`Ensemble.member_weights`)."""
+    """The ensemble's member trust learned from this request's decisions as the request
+    finished. Fields:
+    - `decisions`: how many decisions moved the weights.
+    - `rewards`: each member's mean reward over them, that is, how far it backed what was
+      committed (0..1).
+    - `weights`: every member's weight afterwards. Later requests start from these
+      (`Ensemble.member_weights`).
+    - `updates`: the trust's total of such decisions since the last reset or load."""
 
     name: ClassVar[str] = "trust_updated"
-    update: int
+    updates: int
+    decisions: int
     weights: dict[str, float] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)
 

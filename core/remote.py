@@ -30,24 +30,32 @@ evenly; argmaxes (greedy drafting, SAFE's agreement checks) stay exact. Raw logi
 Nothing is cached here but the last rows asked for: the server's prefix cache
 (`--enable-prefix-caching`, on by default in vLLM) is the remote counterpart of the in-process
 KV cache.
+
+The server is trusted for its numbers, not for their form: every answer is checked
+(`core.vllm_answers`) before it is read, each request has one deadline and a size cap
+(`core.http`), and credentials never leave a `Secret` but in the request headers
+(`core.credentials`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import torch
 
+from . import vllm_answers as answers
 from .chat import render_prompt
+from .credentials import Secret, scrub, split_userinfo
 from .errors import (
     ChatTemplateError,
     InvalidConfigError,
@@ -55,6 +63,7 @@ from .errors import (
     ServerError,
     TokenizerMismatchError,
 )
+from .http import AnswerTooLarge, Client, tls_context
 from .kv import common_prefix
 from .loading import TOKENIZER_PROBE, load_tokenizer
 from .member import Draft, Member
@@ -63,12 +72,13 @@ from .vocab import Vocab, stop_logprob
 
 _RETRYABLE = (  # the server is (re)starting or went away: trying again may help
     httpx.ConnectError,
-    httpx.ConnectTimeout,
     httpx.ReadError,
     httpx.WriteError,
     httpx.RemoteProtocolError,
 )
 _RETRY_STATUS = (502, 503, 504)
+_ENTRY_BYTES = 64  # the most one log-prob entry or token id takes in an answer, with room
+T = TypeVar("T")
 _MAX_ALLOWED = re.compile(r"max(?:imum)? allowed:?\s*(\d+)")
 
 
@@ -77,17 +87,28 @@ class Remote:
     """A member served by vLLM (or another OpenAI-compatible server with vLLM's extensions).
 
     base_url: the server's OpenAI base, e.g. "http://10.0.0.5:8000/v1" ("/v1" is added when
-        the URL has no path).
+        the URL has no path). A `user:password@` in it moves to `basic_auth`.
     model: the served model name (`--served-model-name`); None: the server's only model.
     tokenizer: a local directory or hub id of the SAME tokenizer the server uses; None: the path
         the server loaded the model from (works when client and server see the same files).
     name: the member's name in events and stats (default: the last part of the model name).
     top_logprobs: None asks for full-vocabulary distributions when the server allows it
         (`--max-logprobs -1`) and for its cap otherwise; an int asks for that top-k.
-    timeout: seconds to wait for one answer; retries: attempts after a connection error
-        (0.5 s, 1 s, 2 s, ... apart) before the member is reported down.
+    timeout: seconds one request may take in all (connecting, sending, every read); retries:
+        attempts after a connection error (0.5 s, 1 s, 2 s, ... apart) before the member is
+        reported down.
     check_tokenizer: compare the local tokenizer with the server's `/tokenize` at start.
-    api_key: sent as a bearer token (vLLM's `--api-key`).
+    api_key: sent as a bearer token (vLLM's `--api-key`); a str or a `SecretStr`, kept in a
+        `Secret` (never shown, never pickled).
+    verify: True checks the server's TLS certificate against the system's CAs, False does not
+        check, a path checks it against that CA bundle (a PEM file or directory).
+    cert: a client certificate for servers that ask for one: a PEM file holding the certificate
+        and its key, or a (certificate, key) pair of PEM files.
+    max_answer_bytes: the largest answer accepted beyond the log-prob rows a request asks for
+        (each row may take 64 bytes per entry: a full-vocabulary row of a 150k-token vocabulary
+        is ~5 MB); a larger answer fails the member.
+    basic_auth: "user:password" for HTTP basic auth (a proxy in front of the server); a Secret
+        like api_key.
     """
 
     base_url: str
@@ -98,22 +119,43 @@ class Remote:
     timeout: float = 60.0
     retries: int = 3
     check_tokenizer: bool = True
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | Secret | None = field(default=None, repr=False)
+    verify: bool | str = True
+    cert: str | tuple[str, str] | None = None
+    max_answer_bytes: int = 4 * 2**20
+    basic_auth: str | Secret | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
         if isinstance(self.tokenizer, os.PathLike):
-            object.__setattr__(self, "tokenizer", os.fspath(self.tokenizer))
+            put("tokenizer", os.fspath(self.tokenizer))
         if not isinstance(self.base_url, str) or not self.base_url.startswith(
             ("http://", "https://")
         ):
             raise InvalidConfigError(
-                f"Remote base_url={self.base_url!r} is not an http(s) URL; pass the server's "
-                "OpenAI base, e.g. Remote(base_url='http://127.0.0.1:8000/v1', ...)."
+                f"Remote base_url={_without_userinfo(self.base_url)!r} is not an http(s) URL; "
+                "pass the server's OpenAI base, e.g. Remote(base_url='http://127.0.0.1:8000/v1', "
+                "...)."
             )
-        url = httpx.URL(self.base_url)
+        bare, userinfo = split_userinfo(self.base_url)
+        if userinfo is not None and self.basic_auth is not None:
+            raise InvalidConfigError(
+                "Remote got credentials both in base_url (user:password@) and as basic_auth; "
+                "pass them one way."
+            )
+        url = httpx.URL(bare)
         if url.path in ("", "/"):
-            object.__setattr__(self, "base_url", str(url.copy_with(path="/v1")))
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+            bare = str(url.copy_with(path="/v1"))
+        put("base_url", bare.rstrip("/"))
+        for name, value in (("api_key", self.api_key), ("basic_auth", userinfo or self.basic_auth)):
+            put(name, None if value is None or value == "" else Secret(value))
+        if self.api_key is not None and self.basic_auth is not None:
+            raise InvalidConfigError(
+                "Remote takes api_key (a bearer token) or basic auth (user:password), not both: "
+                "they would fill the same Authorization header."
+            )
         k = self.top_logprobs
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise InvalidConfigError(
@@ -124,11 +166,55 @@ class Remote:
             raise InvalidConfigError(f"Remote timeout={self.timeout!r} must be seconds > 0.")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise InvalidConfigError(f"Remote retries={self.retries!r} must be an integer >= 0.")
+        size = self.max_answer_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1024:
+            raise InvalidConfigError(
+                f"Remote max_answer_bytes={size!r} must be an integer >= 1024 (bytes)."
+            )
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        """`verify` and `cert` as plain values, checked by building the TLS context once."""
+        verify, cert = self.verify, self.cert
+        if isinstance(verify, os.PathLike):
+            verify = os.fspath(verify)
+        if not isinstance(verify, (bool, str)):
+            raise InvalidConfigError(
+                f"Remote verify={verify!r}: pass True (the system's CAs), False (no check) or "
+                "the path of a CA bundle."
+            )
+        if isinstance(cert, (str, os.PathLike)):
+            cert = os.fspath(cert)
+        elif isinstance(cert, (tuple, list)):
+            cert = tuple(os.fspath(c) if isinstance(c, os.PathLike) else c for c in cert)
+        pair = isinstance(cert, tuple) and len(cert) == 2 and all(isinstance(c, str) for c in cert)
+        if cert is not None and not (isinstance(cert, str) or pair):
+            raise InvalidConfigError(
+                f"Remote cert={cert!r}: pass the path of a PEM file holding the client "
+                "certificate and its key, or a (certificate, key) pair of paths."
+            )
+        object.__setattr__(self, "verify", verify)
+        object.__setattr__(self, "cert", cert)
+        if verify is not True or cert is not None:
+            tls_context(verify, cert)
 
     @property
     def label(self) -> str:
         """A short display name before connecting (adapters use it in model names)."""
         return self.name or Path(self.model or "").name or self.model or self.base_url
+
+    def fingerprint(self) -> str:
+        """Every field, secrets as salted digests: equal for Remotes that reach the same server
+        the same way with the same authority (the shared-engine cache keys on it)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return repr({k: v.digest if isinstance(v, Secret) else v for k, v in values.items()})
+
+    def public_fields(self) -> dict[str, Any]:
+        """The fields as plain values, without credentials: what a dump or a log may show."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECRETS}
+
+
+_SECRETS = ("api_key", "basic_auth")
 
 
 def source_label(source: str | os.PathLike | Remote) -> str:
@@ -137,15 +223,6 @@ def source_label(source: str | os.PathLike | Remote) -> str:
         return source.label
     text = os.fspath(source)
     return Path(text).name or text
-
-
-def _token_id(key: str) -> int:
-    if not key.startswith("token_id:"):
-        raise ServerError(
-            f"the server answered log-probs keyed by text ({key!r}), not by token id; remote "
-            "members need vLLM's return_tokens_as_token_ids (vLLM >= 0.6)."
-        )
-    return int(key[9:])
 
 
 class _RemoteDraft(Draft):
@@ -178,9 +255,12 @@ class RemoteMember(Member):
         self.name = name or spec.name or spec.base_url
         self.model = None  # no weights here: the server holds them
         self._rows_read = False  # the last draft's rows were read: send them with the next
-        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(spec.timeout, connect=min(spec.timeout, 10.0)), headers=headers
+        self._secrets = [spec.api_key, spec.basic_auth]  # scrubbed from quoted answers
+        key, auth = spec.api_key, spec.basic_auth
+        headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+        user_password = tuple(auth.get_secret_value().split(":", 1)) if auth else None
+        self._client = Client(
+            headers=headers, auth=user_password, verify=tls_context(spec.verify, spec.cert)
         )
         try:
             self._connect(name)
@@ -191,8 +271,7 @@ class RemoteMember(Member):
     # --- connecting ------------------------------------------------------------------------
 
     def _connect(self, name: str | None) -> None:
-        listing = self._request("GET", f"{self.base_url}/models")
-        served = {entry["id"]: entry for entry in listing.get("data", [])}
+        served = self._request("GET", f"{self.base_url}/models", read=answers.served_models)
         if self.spec.model is None:
             if len(served) != 1:
                 raise InvalidConfigError(
@@ -220,7 +299,8 @@ class RemoteMember(Member):
                 "tokenizer."
             ) from error
         config, eos = _local_config(self.source)
-        self.top_k, server_vocab = self._probe_logprobs()
+        bound = max(len(self.tokenizer), config.get("vocab", 0))
+        self.top_k, server_vocab = self._probe_logprobs(bound)
         self.full_vocab = self.top_k == -1
         self.vocab = Vocab(self.tokenizer, model_vocab_size=server_vocab or config.get("vocab"))
         if self.tokenizer.eos_token_id is not None:
@@ -233,13 +313,14 @@ class RemoteMember(Member):
         if self.spec.check_tokenizer:
             self._check_tokenizer()
 
-    def _probe_logprobs(self) -> tuple[int, int | None]:
+    def _probe_logprobs(self, bound: int) -> tuple[int, int | None]:
         """The K the server grants (-1: full vocabulary) and, then, its vocabulary size. The
-        probe is also the warm-up: a server's first request is slow."""
+        probe is also the warm-up: a server's first request is slow. `bound`: the vocabulary
+        size known here (tokenizer, config), which a top-k row's ids stay below."""
         wanted = -1 if self.spec.top_logprobs is None else self.spec.top_logprobs
         prompt = self.tokenizer("Hello", add_special_tokens=False)["input_ids"][:1] or [0]
-        try:
-            rows = self._next_entries([prompt], wanted)
+        try:  # a full row lists every id once: its ids stay below its length
+            rows = self._next_entries([prompt], wanted, bound, own_length=wanted == -1)
         except ServerError as error:
             cap = _MAX_ALLOWED.search(str(error))
             if cap is None or self.spec.top_logprobs is not None:
@@ -251,7 +332,7 @@ class RemoteMember(Member):
                     ) from error
                 raise
             wanted = int(cap.group(1))
-            rows = self._next_entries([prompt], wanted)
+            rows = self._next_entries([prompt], wanted, bound)
         return wanted, (len(rows[0]) if wanted == -1 else None)
 
     def _check_tokenizer(self) -> None:
@@ -263,7 +344,13 @@ class RemoteMember(Member):
         for text in texts:
             here = self.vocab.encode_prompt(text)
             body = {"model": self.served, "prompt": text, "add_special_tokens": False}
-            there = self._request("POST", f"{self.root}/tokenize", body, check=True)["tokens"]
+            there = self._request(
+                "POST",
+                f"{self.root}/tokenize",
+                body,
+                check=True,
+                read=answers.tokens,
+            )
             if here != there:
                 i = common_prefix(here, there)
                 raise TokenizerMismatchError(
@@ -278,61 +365,97 @@ class RemoteMember(Member):
     # --- HTTP --------------------------------------------------------------------------------
 
     def _request(
-        self, method: str, url: str, body: dict | None = None, check: bool = False
-    ) -> dict:
-        """One request with retries on connection errors; every failure names the member."""
+        self,
+        method: str,
+        url: str,
+        body: dict | None = None,
+        *,
+        check: bool = False,
+        read: Callable[[Any], T],
+        entries: int = 0,
+    ) -> T:
+        """One request with retries on connection errors; `read` checks the JSON answer and
+        turns it into what the caller needs. `entries`: how many log-prob entries or token ids
+        the answer may carry (its size cap grows with them). Every failure names the member."""
         start = time.perf_counter()
+        limit = self.spec.max_answer_bytes + _ENTRY_BYTES * entries
         try:
             for attempt in range(self.spec.retries + 1):
                 last = attempt == self.spec.retries
                 try:
-                    response = self._client.request(method, url, json=body)
+                    status, payload = self._client.request(
+                        method, url, json=body, timeout=self.spec.timeout, limit=limit
+                    )
                 except _RETRYABLE as error:
                     if last:
                         raise ServerError(
                             f"member {self.name!r}: the server at {url} is down or unreachable "
-                            f"({type(error).__name__}: {error}) after {attempt + 1} attempts; "
-                            "start it (or fix base_url) and send the request again.",
+                            f"({type(error).__name__}: {self._quote(str(error))}) after "
+                            f"{attempt + 1} attempts; start it (or fix base_url) and send the "
+                            "request again.",
                             member=self.name,
                         ) from error
                     time.sleep(min(0.5 * 2**attempt, 4.0))
                     continue
-                except httpx.TimeoutException as error:
+                except TimeoutError as error:
                     raise ServerError(
                         f"member {self.name!r}: no answer from {url} within "
                         f"{self.spec.timeout:g} s; the server is overloaded or stuck (raise "
                         "Remote(timeout=...) for slow servers).",
                         member=self.name,
                     ) from error
+                except AnswerTooLarge as error:
+                    raise self._invalid(
+                        url, f"{error}; raise Remote(max_answer_bytes=...) if it is right"
+                    ) from None
                 except httpx.HTTPError as error:
                     raise ServerError(
-                        f"member {self.name!r}: {url} failed: {error}", member=self.name
+                        f"member {self.name!r}: {url} failed: {self._quote(str(error))}",
+                        member=self.name,
                     ) from error
-                if response.status_code in _RETRY_STATUS and not last:
+                if status in _RETRY_STATUS and not last:
                     time.sleep(min(0.5 * 2**attempt, 4.0))
                     continue
-                if response.status_code == 404 and check:
+                if status == 404 and check:
                     raise ServerError(
                         f"member {self.name!r}: {url} does not exist, so the tokenizer cannot "
                         "be checked (vLLM serves /tokenize); pass Remote(check_tokenizer=False) "
                         "if you are sure client and server tokenize alike.",
                         member=self.name,
                     )
-                if response.status_code != 200:
+                if status != 200:
                     raise ServerError(
-                        f"member {self.name!r}: {url} answered {response.status_code}: "
-                        f"{_message(response)}",
+                        f"member {self.name!r}: {url} answered {status}: "
+                        f"{self._quote(_message(payload))}",
                         member=self.name,
                     )
-                return response.json()
+                try:
+                    return read(answers.parse(payload))
+                except answers.BadAnswer as error:
+                    raise self._invalid(url, str(error)) from None
             raise AssertionError("unreachable")
         finally:
             self.calls += 1
             self.seconds += time.perf_counter() - start
 
-    def _complete(self, body: dict) -> list[dict]:
-        """POST /v1/completions; the choices in prompt order. Every sampling setting is sent:
-        vLLM otherwise fills unset ones from the model's generation_config.json."""
+    def _invalid(self, url: str, what: str) -> ServerError:
+        return ServerError(
+            f"member {self.name!r}: {url} gave an answer this client cannot use: "
+            f"{self._quote(what)}. Is the server vLLM (>= 0.10.2), serving the model this "
+            "member expects?",
+            member=self.name,
+        )
+
+    def _quote(self, text: str) -> str:
+        """What a server said, cut short and without this member's credentials."""
+        return scrub(text, self._secrets)
+
+    def _complete(
+        self, body: dict, count: int, read: Callable[[list[dict]], T], entries: int = 0
+    ) -> T:
+        """POST /v1/completions with `count` prompts; `read` gets the choices in prompt order.
+        Every sampling setting is sent: vLLM otherwise fills unset ones from the model's
+        generation_config.json."""
         full = {
             "model": self.served,
             "temperature": 0.0,
@@ -345,32 +468,56 @@ class RemoteMember(Member):
             "ignore_eos": True,  # the member's own stop ids decide (`stop_token_ids`)
             **body,
         }
-        choices = self._request("POST", f"{self.base_url}/completions", full)["choices"]
-        return sorted(choices, key=lambda c: c["index"])
+        prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+        entries += sum(map(len, prompts))  # vLLM may echo each prompt's ids
+        return self._request(
+            "POST",
+            f"{self.base_url}/completions",
+            full,
+            read=lambda data: read(answers.choices(data, count)),
+            entries=entries,
+        )
 
-    def _next_entries(self, prompts: list[list[int]], k: int) -> list[dict[str, float]]:
-        body = {"prompt": prompts, "max_tokens": 1, "logprobs": k}
-        choices = self._complete({**body, "return_tokens_as_token_ids": True})
-        return [c["logprobs"]["top_logprobs"][0] for c in choices]
+    def _next_entries(
+        self, prompts: list[list[int]], k: int, size: int, own_length: bool = False
+    ) -> list[dict[int, float]]:
+        """The next-token row after each prompt, as {id: log-prob}, its ids below `size` (or,
+        `own_length`, below the row's length: a full row before the vocabulary is known)."""
+        body = {
+            "prompt": prompts,
+            "max_tokens": 1,
+            "logprobs": k,
+            "return_tokens_as_token_ids": True,
+        }
+        bound = None if own_length else size
+        return self._complete(
+            body,
+            len(prompts),
+            lambda choices: [answers.next_row(c, bound) for c in choices],
+            entries=len(prompts) * (size if k == -1 else k + 1),
+        )
+
+    @property
+    def _row_entries(self) -> int:
+        """How many entries one next-token row of this server has at most."""
+        return self.vocab.size if self.full_vocab else self.top_k + 1
 
     def _next_rows(self, prompts: list[list[int]]) -> torch.Tensor:
         """Next-token log-probs after each prompt: [prompts, vocab], one request."""
         if not prompts:
             return torch.empty(0, self.vocab.size)
-        return torch.stack([self._row(e) for e in self._next_entries(prompts, self.top_k)])
+        entries = self._next_entries(prompts, self.top_k, self.vocab.size)
+        return torch.stack([self._row(e) for e in entries])
 
-    def _row(self, entries: dict[str, float]) -> torch.Tensor:
+    def _row(self, entries: dict[int, float]) -> torch.Tensor:
         size = self.vocab.size
-        pairs = [(i, v) for i, v in ((_token_id(k), v) for k, v in entries.items()) if i < size]
         row = torch.full((size,), -math.inf)
-        if pairs and not self.full_vocab:  # top-k: the rest share what is left, evenly
-            values = [v for _, v in pairs]
-            left = 1.0 - sum(math.exp(v) for v in values)
-            if left > 0 and size > len(pairs):
-                row.fill_(min(math.log(left / (size - len(pairs))), min(values)))
-        if pairs:
-            ids, values = zip(*pairs, strict=True)
-            row[list(ids)] = torch.tensor(values, dtype=torch.float32)
+        if entries and not self.full_vocab:  # top-k: the rest share what is left, evenly
+            left = 1.0 - sum(math.exp(v) for v in entries.values())
+            if left > 0 and size > len(entries):
+                row.fill_(min(math.log(left / (size - len(entries))), min(entries.values())))
+        if entries:
+            row[list(entries)] = torch.tensor(list(entries.values()), dtype=torch.float32)
         return row
 
     @property
@@ -429,18 +576,28 @@ class RemoteMember(Member):
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
             sampling = {"temperature": sampler.temperature, "top_p": sampler.top_p, "seed": seed}
         body = {"prompt": prefix, "max_tokens": n, "stop_token_ids": self._stops}
-        if self._rows_read:
+        with_rows, size = self._rows_read, self.vocab.size
+        if with_rows:
             body.update(logprobs=self.top_k, return_tokens_as_token_ids=True)
-        choice = self._complete({**body, **sampling, "return_token_ids": True})[0]
-        ids = choice.get("token_ids")
+
+        def read(choices: list[dict]) -> tuple[list[int] | None, list | None]:
+            ids = answers.generated_ids(choices[0], n, size)
+            if not (ids and with_rows):
+                return ids, None
+            entries = answers.top_rows(choices[0], n, size)
+            if len(entries) != len(ids):
+                raise answers.BadAnswer(f"{len(entries)} log-prob rows for {len(ids)} tokens")
+            return ids, entries
+
+        per_token = (self._row_entries if with_rows else 0) + 1
+        body.update(sampling, return_token_ids=True)
+        ids, entries = self._complete(body, 1, read, entries=n * per_token)
         if ids is None:
             raise ServerError(
                 f"member {self.name!r}: the server at {self.base_url} does not return token "
                 "ids (vLLM's return_token_ids, vLLM >= 0.10.2); upgrade the server.",
                 member=self.name,
             )
-        ids = list(ids)
-        entries = choice["logprobs"]["top_logprobs"] if self._rows_read and ids else None
         if self._state.grammar is not None:  # the server drafts unconstrained: keep what fits
             ids = ids[: self._valid_part(ids)]
             if not ids:  # not even its first token: one constrained step from its log-probs
@@ -508,13 +665,24 @@ class RemoteMember(Member):
         }
         if any(ends):  # the row after each continuation, for the stop ids only
             body.update(logprobs=1, logprob_token_ids=self._stops, return_tokens_as_token_ids=True)
+        size = self.vocab.size
+
+        def read(choices: list[dict]) -> list[tuple[list[float], dict[int, float] | None]]:
+            return [
+                (
+                    [answers.prompt_logprob(c, start + j, t) for j, t in enumerate(block)],
+                    answers.next_row(c, size) if end else None,  # its stop ids included
+                )
+                for block, end, c in zip(blocks, ends, choices, strict=True)
+            ]
+
+        # a prompt position's entry carries its decoded token: room for 8 entries each
+        positions = sum(len(prompt) for prompt in body["prompt"])
+        room = 7 * positions + len(blocks) * (len(self._stops) + 2)
         scores = []
-        for block, end, choice in zip(blocks, ends, self._complete(body), strict=True):
-            rows = choice["prompt_logprobs"]
-            values = [rows[start + j][str(token)]["logprob"] for j, token in enumerate(block)]
-            if end:
-                row = self._row(choice["logprobs"]["top_logprobs"][0])  # its stop ids included
-                values.append(max(float(stop_logprob(row, self.stop_ids)), -1e30))
+        for values, end_row in self._complete(body, len(blocks), read, entries=room):
+            if end_row is not None:
+                values.append(max(float(stop_logprob(self._row(end_row), self.stop_ids)), -1e30))
             scores.append(torch.tensor(values, dtype=torch.float32))
         return scores
 
@@ -554,15 +722,21 @@ def _local_config(source: str) -> tuple[dict[str, int], list[int]]:
     return found, eos
 
 
-def _message(response: httpx.Response) -> str:
+def _message(payload: bytes) -> str:
+    """The error message in a server's error answer (its body when it has none)."""
     try:
-        data = response.json()
+        data = json.loads(payload)
     except ValueError:
-        return response.text[:300]
+        return payload.decode(errors="replace")
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):
-        return str(error.get("message") or error.get("detail") or error)[:500]
-    return str(error)[:500]
+        return str(error.get("message") or error.get("detail") or error)
+    return str(error)
+
+
+def _without_userinfo(url: object) -> object:
+    """A URL as an error may show it: anything before an "@" (credentials) left out."""
+    return f"…@{url.rsplit('@', 1)[1]}" if isinstance(url, str) and "@" in url else url
 
 
 def wait_until_healthy(base_url: str, timeout: float = 240.0) -> bool:

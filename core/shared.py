@@ -29,8 +29,8 @@ _recent: collections.deque[Ensemble] = collections.deque(maxlen=2)
 
 
 def _source_key(model: str | Remote) -> str:
-    if isinstance(model, Remote):
-        return repr(model)
+    if isinstance(model, Remote):  # every field, keys as digests: no borrowed authority
+        return model.fingerprint()
     path = Path(model).expanduser()
     return str(path.resolve()) if path.exists() else model
 

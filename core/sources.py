@@ -12,6 +12,7 @@ import os
 import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
+from typing import Any
 
 from .errors import InvalidConfigError
 from .remote import Remote
@@ -33,6 +34,12 @@ def model_sources(models: Models) -> list[str | Remote]:
             "Remote(...), or a list of them."
         )
     return [_source(model, index) for index, model in enumerate(models)]
+
+
+def public_sources(models: Sequence[str | Remote]) -> list[str | dict[str, Any]]:
+    """Member sources as a dump may show them: paths and hub ids as they are, each Remote as
+    a dict of its fields without credentials (adapters serialize their `models` with it)."""
+    return [m.public_fields() if isinstance(m, Remote) else m for m in models]
 
 
 def _source(model: object, index: int) -> str | Remote:

@@ -5,7 +5,12 @@ models, it lives longer than any one request. Labels are never needed. At each d
 method reports how far each member it asked backed what was committed, as a reward in
 [0, 1] (`TrustView.update`, the one call a method makes). A bounded multiplicative rule
 turns these rewards into weights that sum to 1. The rule is Hedge (`hedge`, which SpecEM also
-uses inside a request), with a constant step and a lower clamp so that no weight reaches 0.
+uses inside a request) with a constant step, discounted: before each step the weights are
+raised to the power 1 - eta/SPREAD, so older decisions fade. The log-weights then settle at
+SPREAD times each member's recent rate of backing what was committed. They neither collapse
+onto the one member that backs a little more often nor stop adapting. A lower clamp keeps
+every weight above 0. A request's decisions update the trust when the request finishes, in one
+locked step: concurrent requests lose no update, and a request that fails leaves no trace.
 
 The methods read the weights as follows:
 - weighted aggregation in `token` and SAFE;
@@ -28,7 +33,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -36,12 +41,16 @@ from typing import NoReturn
 import torch
 
 from .errors import InvalidConfigError
-from .events import Event, TrustUpdated
+from .events import TrustUpdated
 from .validate import check_bool, check_int, check_real
 from .vocab import EOS
 
 # The defaults of the `Ensemble` options learn_weights, weight_lr, weight_floor and probe_every.
-LEARN, LR, FLOOR, PROBE_EVERY = True, 0.1, 0.1, 10
+LEARN, LR, FLOOR, PROBE_EVERY = False, 0.1, 0.1, 10
+# Learned log-weights settle at SPREAD x each member's recent rate of backing the committed text,
+# so a member that backs every decision ends at most e**SPREAD (55x) above one that backs none,
+# however long it learns: weights stay a graded mixture, not a collapse onto one member.
+SPREAD = 4.0
 MAX_ETA = 50.0  # Hedge's step, bounded: exp(50) cannot overflow, so weights never become NaN
 MIN_WEIGHT = 1e-6  # no weight falls below this: each stays positive, so each can recover
 FILE_FORMAT = "llm-ensembling member weights"
@@ -95,18 +104,17 @@ class TrustPlan:
 
 
 class TrustView:
-    """One request's handle on the trust: the weights it started with, and `update`."""
+    """One request's handle on the trust: the weights it started with, and `update`, which
+    records a decision. The recorded decisions reach the trust only when the request finishes
+    (`commit`, one locked step). A request that fails or is cancelled leaves the trust as it
+    was."""
 
     def __init__(
-        self,
-        weights: Mapping[str, float] | None = None,
-        trust: MemberTrust | None = None,
-        emit: Callable[[Event], None] | None = None,
+        self, weights: Mapping[str, float] | None = None, trust: MemberTrust | None = None
     ) -> None:
         self.weights = dict(weights or {})
         self._trust = trust
-        self._emit = emit
-        self.updates = 0  # updates this request applied
+        self._decisions: list[dict[str, float]] = []
 
     def of(self, names: Sequence[str]) -> list[float] | None:
         """The weights of these members, in this order. None means they are all equal, and
@@ -116,20 +124,23 @@ class TrustView:
 
     def update(self, rewards: Mapping[str, float]) -> None:
         """Report one decision: member name -> how far it backed what was committed (0..1)."""
-        if self._trust is None:
-            return
-        event = self._trust.update(rewards)
-        if event is not None:
-            self.updates += 1
-            if self._emit is not None:
-                self._emit(event)
+        if self._trust is not None and self._trust.learn:
+            self._decisions.append({n: float(r) for n, r in rewards.items()})
+
+    def commit(self) -> TrustUpdated | None:
+        """The request finished: its decisions update the trust. Returns the event, or None
+        when nothing moved."""
+        decisions, self._decisions = self._decisions, []
+        return self._trust.apply(decisions) if self._trust is not None else None
 
 
 class MemberTrust:
     """Options, each checked at the call:
-    - `learn`: update the weights from requests. False freezes them.
-    - `lr`: the Hedge step. Each update multiplies a member's weight by exp(lr * sqrt(1/K) *
-      reward), K being the members it covers.
+    - `learn`: update the weights from requests. False (the default) freezes them.
+    - `lr`: the Hedge step. Each update multiplies a member's weight by exp(eta * reward),
+      where eta = lr * sqrt(1/K) and K is the number of members it covers. It first discounts
+      the weights by the power 1 - eta/SPREAD. A larger `lr` learns and forgets faster, but
+      not further.
     - `floor`: a member whose weight is below `floor` times an equal share (1/K) is not asked.
       It must be in [0, 1), so equal weights ask everyone, and so does 0.
     - `probe_every`: every N-th request also asks the members under the floor. Only learning
@@ -183,29 +194,35 @@ class MemberTrust:
 
     # --- writing ---------------------------------------------------------------------------
 
-    def update(self, rewards: Mapping[str, float]) -> TrustUpdated | None:
-        """One decision's rewards (member name -> 0..1). Hedge runs over the members named; the
-        others keep their share. Returns the event, or None when nothing moved: the trust is
-        frozen, fewer than two members were named, or every reward was equal."""
-        index = [self.names.index(n) for n in rewards]
-        values = [float(v) for v in rewards.values()]
-        if not self.learn or len(index) < 2 or len(set(values)) <= 1:
+    def apply(self, decisions: Sequence[Mapping[str, float]]) -> TrustUpdated | None:
+        """One request's decisions, each a mapping of member name to reward (0..1), applied
+        in order under the lock. For each decision, Hedge runs over the members it names and
+        the others keep their share. A decision with fewer than two members, or with equal
+        rewards, moves nothing and is skipped. Returns the event, or None when nothing moved
+        (a frozen trust moves nothing)."""
+        moving = [d for d in decisions if len(d) > 1 and len(set(d.values())) > 1]
+        steps = [
+            ([self.names.index(n) for n in d], torch.tensor(list(d.values()), dtype=torch.float64))
+            for d in moving
+        ]
+        if not steps:
             return None
-        r = torch.tensor(values, dtype=torch.float64)
         with self._lock:
             if not self.learn:
                 return None
             weights = self._weights.clone()
-            share = weights[index].sum()
-            weights[index] = hedge(weights[index] / share, r, self.lr, 1) * share
-            if bool((weights < MIN_WEIGHT).any()):
-                weights = weights.clamp_min(MIN_WEIGHT)
-                weights = weights / weights.sum()
+            for index, rewards in steps:
+                share = weights[index].sum()
+                forget = min(self.lr * math.sqrt(1.0 / len(index)) / SPREAD, 1.0)
+                kept = (weights[index] / share).pow(1.0 - forget)  # older decisions fade
+                weights[index] = hedge(kept / kept.sum(), rewards, self.lr, 1) * share
+                if bool((weights < MIN_WEIGHT).any()):
+                    weights = weights.clamp_min(MIN_WEIGHT)
+                    weights = weights / weights.sum()
             self._weights = weights
-            self.updates += 1
-            named = self._named(weights)
-            update = self.updates
-        return TrustUpdated(update, named, dict(zip(rewards, values, strict=True)))
+            self.updates += len(steps)
+            named, total = self._named(weights), self.updates
+        return TrustUpdated(total, len(steps), named, _mean_rewards(moving))
 
     def reset(self) -> None:
         """Equal weights again: every method then decides exactly as it does without trust."""
@@ -246,7 +263,8 @@ class MemberTrust:
         """Read weights that `save` wrote, or that a user wrote in the same form. The file is
         checked whole before anything changes. It must name exactly this ensemble's members
         and give each a finite weight above 0. Weights that do not sum to 1 are normalised.
-        `freeze=True` (the default) keeps them fixed from then on."""
+        `freeze=True` (the default) keeps them fixed from then on. `freeze=False` keeps the
+        current mode, so a learning trust learns on from them."""
         freeze = check_bool("freeze", freeze)
         weights = _read_weights(Path(path), self.names)
         with self._lock:
@@ -272,6 +290,15 @@ def check_options(
         check_real("weight_floor", floor, low=0, high=1, high_open=True, example=0.1),
         check_int("probe_every", probe_every, low=1, example=10),
     )
+
+
+def _mean_rewards(decisions: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Each member's mean reward over the decisions that named it."""
+    sums: dict[str, list[float]] = {}
+    for decision in decisions:
+        for name, reward in decision.items():
+            sums.setdefault(name, []).append(reward)
+    return {name: sum(values) / len(values) for name, values in sums.items()}
 
 
 def _uniform(k: int) -> torch.Tensor:

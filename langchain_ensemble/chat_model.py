@@ -21,7 +21,14 @@ from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from core.concurrency import iterate_in_thread
 from core.config import Delta, GenerationConfig
@@ -31,7 +38,7 @@ from core.events import Event
 from core.methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
-from core.sources import model_sources
+from core.sources import model_sources, public_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
 from .messages import to_engine_messages
@@ -136,6 +143,10 @@ class ChatEnsemble(BaseChatModel):
     @classmethod
     def _model_list(cls, value: Any) -> list[str | Remote]:
         return model_sources(value)
+
+    @field_serializer("models")
+    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+        return public_sources(models)  # keys stay out of dumps, traces and saved configs
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:

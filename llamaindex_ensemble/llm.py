@@ -30,7 +30,7 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, field_serializer
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import (
     LLMStructuredPredictEndEvent,
@@ -52,7 +52,7 @@ from core.loading import check_model_source
 from core.methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from core.remote import Remote, source_label
 from core.shared import shared_ensemble
-from core.sources import model_sources
+from core.sources import model_sources, public_sources
 from core.summary import request_summary
 from core.tools import InvalidToolCall, ToolCall
 
@@ -127,6 +127,10 @@ class EnsembleLLM(FunctionCallingLLM):
     )
 
     _engine: Ensemble | None = PrivateAttr(default=None)
+
+    @field_serializer("models")
+    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+        return public_sources(models)  # keys stay out of to_dict, to_json and saved configs
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
         if data.get("models") is not None:

@@ -6,8 +6,12 @@ It answers the slice of vLLM's API that `core.remote` uses (`/v1/models`, `/toke
 greedy and seeded sampling, `stop_token_ids`), computed by an in-process Hugging Face model
 WITHOUT a KV cache (so its numbers differ from an in-process member's in the last bits, as a
 real server's do). Faults can be injected: dropped connections, 503s, slow answers, answers held
-back until the test lets them go (`gate`), a stop and a restart on the same port. `spans` records
-when each completion request arrived and was answered, for tests that need the order of events.
+back until the test lets them go (`gate`), a stop and a restart on the same port, and answers a
+faulty or hostile server could give (`CORRUPTIONS`: NaN or positive log-probs, ids outside the
+vocabulary, more tokens than asked, bodies that are not JSON or not shaped as asked, huge bodies,
+bodies trickled a byte at a time). `spans` records when each completion request arrived and was
+answered, for tests that need the order of events. `api_key` makes it refuse requests without
+that bearer token (as vLLM's `--api-key` does); `tls` serves HTTPS with an `ssl.SSLContext`.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ import contextlib
 import json
 import math
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import torch
 
@@ -36,15 +43,24 @@ class FakeServer:
         max_model_len: int = 2048,
         max_logprobs: int = -1,
         delay: float = 0.0,
+        api_key: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.model = load_model(str(model_dir), torch.device("cpu"), torch.float32)
         self.tokenizer = load_tokenizer(str(tokenizer_dir or model_dir))
         self.name, self.root = name, str(model_dir)
         self.max_model_len, self.max_logprobs, self.delay = max_model_len, max_logprobs, delay
+        self.api_key, self.tls = api_key, tls
+        self.authorizations: list[str | None] = []  # the Authorization header of each request
+        self.models_answer: bytes | None = None  # set: /v1/models answers these bytes instead
+        self.trickle = 0.4  # seconds between the bytes of a trickled answer
+        self.trickle_bytes = 20  # ... which stops (the connection cut) after this many bytes
+        self.trickle_total = 0.0  # seconds the last trickle lasts when the client waits it out
+        self.huge = 16 * 2**20  # bytes of padding in a "huge" answer
         self.vocab = self.model.config.get_text_config().vocab_size
         self.counts: Counter[str] = Counter()
         self.bodies: list[dict] = []
-        self.faults: list[str] = []  # consumed one per completion request: "drop" | "503"
+        self.faults: list[str] = []  # one per completion request: "drop", "503", a corruption
         self.gate = threading.Event()  # cleared: completion requests wait here (a stuck server)
         self.gate.set()
         self.held = threading.Event()  # set when a request starts waiting at the closed gate
@@ -58,12 +74,15 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}/v1"
 
     def start(self) -> None:
         server = self
         handler = type("Handler", (_Handler,), {"server_ref": server})
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        if self.tls is not None:
+            self._httpd.socket = self.tls.wrap_socket(self._httpd.socket, server_side=True)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
@@ -178,6 +197,78 @@ class _BadRequest(Exception):
     pass
 
 
+# What a faulty or hostile server may answer to a completion request (see `corrupt`).
+CORRUPTIONS = (
+    "nan",  # NaN log-probs
+    "positive",  # log-probs above 0
+    "negative_id",  # a token id of -1
+    "big_id",  # a token id past the vocabulary
+    "extra_tokens",  # more generated tokens than max_tokens
+    "not_json",  # an HTML error page with status 200
+    "no_choices",  # JSON without its choices
+    "huge",  # a valid answer padded past any cap, its size declared
+    "huge_undeclared",  # the same without a Content-Length: read until the server closes
+    "trickle",  # a valid answer whose body comes one byte every `trickle` seconds
+    "trickle_head",  # the same from the status line on
+)
+
+
+def corrupt(answer: dict, fault: str, body: dict, vocab: int, huge: int) -> dict | bytes:
+    """`answer` (a completion) as a faulty server would give it."""
+    if fault == "not_json":
+        return b"<html><body>Internal error</body></html>"
+    if fault == "no_choices":
+        return {"object": "text_completion", "model": answer["model"]}
+    if fault.startswith("huge"):
+        return {**answer, "padding": "x" * huge}
+    too_many = (body.get("max_tokens") or 16) + 1
+    for choice in answer["choices"]:
+        rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
+        ids = choice.get("token_ids")
+        if fault in ("nan", "positive"):
+            value = math.nan if fault == "nan" else 0.5
+            for row in rows:
+                row[next(iter(row))] = value
+            for entries in (choice.get("prompt_logprobs") or [])[1:]:
+                for entry in entries.values():
+                    entry["logprob"] = value
+        elif fault in ("negative_id", "big_id"):
+            bad = -1 if fault == "negative_id" else vocab + 7
+            for row in rows:
+                row[f"token_id:{bad}"] = row.pop(next(iter(row)))
+            if ids:
+                ids[0] = bad
+        elif fault == "extra_tokens":
+            rows.extend(dict(rows[-1]) for _ in range(too_many - len(rows)) if rows)
+            if ids is not None:
+                ids.extend([ids[-1] if ids else 0] * (too_many - len(ids)))
+    return answer
+
+
+def make_tls_files(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the
+    CA (PEM files, made with the openssl command line). Keys: ca, server, server_key, client,
+    client_key."""
+    names = ("ca", "ca_key", "server", "server_key", "client", "client_key")
+    files = {name: directory / f"{name}.pem" for name in names}
+
+    def openssl(*args: str | Path) -> None:
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ca = ["-CA", files["ca"], "-CAkey", files["ca_key"], "-CAcreateserial", "-days", "2"]
+    openssl("req", "-x509", *new_key, "-keyout", files["ca_key"], "-out", files["ca"],
+            "-subj", "/CN=test CA", "-days", "2")  # fmt: skip
+    uses = {"server": "subjectAltName=IP:127.0.0.1", "client": "extendedKeyUsage=clientAuth"}
+    for who, extension in uses.items():
+        request, extensions = directory / f"{who}.csr", directory / f"{who}.ext"
+        extensions.write_text(extension + "\n")
+        openssl("req", "-new", *new_key, "-keyout", files[f"{who}_key"], "-out", request,
+                "-subj", f"/CN={who}")  # fmt: skip
+        openssl("x509", "-req", "-in", request, *ca, "-out", files[who], "-extfile", extensions)
+    return files
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_ref: FakeServer
     protocol_version = "HTTP/1.1"
@@ -187,6 +278,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # headers and body go out in two writes: without this, each answer waits for the
+        # client's delayed ACK (~40 ms), as a real server's does not
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server_ref.connections.add(self.connection)
 
     def finish(self) -> None:
@@ -194,22 +288,57 @@ class _Handler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             super().finish()
 
-    def _send(self, status: int, data: dict) -> None:
-        payload = json.dumps(data, allow_nan=False).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+    def _send(self, status: int, data: dict | bytes, fault: str | None = None) -> None:
+        payload = data if isinstance(data, bytes) else json.dumps(data).encode()
+        if fault not in ("trickle", "trickle_head", "huge_undeclared"):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self.close_connection = True
+        length = "" if fault == "huge_undeclared" else f"Content-Length: {len(payload)}\r\n"
+        head = f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n{length}\r\n"
+        if fault == "huge_undeclared":
+            with contextlib.suppress(OSError):
+                self.wfile.write(head.encode() + payload)
+            return
+        fake = self.server_ref
+        slow = payload if fault == "trickle" else head.encode() + payload
+        slow = slow[: fake.trickle_bytes]  # then the server goes: a client that waits, fails
+        fake.trickle_total = len(slow) * fake.trickle
+        with contextlib.suppress(OSError):  # the client gave up: the connection is gone
+            if fault == "trickle":
+                self.wfile.write(head.encode())
+            for i in range(len(slow)):
+                self.wfile.write(slow[i : i + 1])
+                time.sleep(fake.trickle)
+
+    def _authorized(self) -> bool:
+        """As vLLM's --api-key: a request without the key is refused (and the refusal quotes
+        what came, to check that the client scrubs it)."""
+        fake = self.server_ref
+        given = self.headers.get("Authorization")
+        fake.authorizations.append(given)
+        if fake.api_key is None or given == f"Bearer {fake.api_key}":
+            return True
+        detail = "Unauthorized: the header " + repr(given) + " is not the key. " + "-" * 2000
+        self._send(401, {"error": {"message": detail, "code": 401}})
+        return False
 
     def do_GET(self) -> None:
         fake = self.server_ref
         fake.counts[self.path] += 1
-        if self.path == "/v1/models":
+        if self.path == "/health":
+            self._send(200, {})
+        elif not self._authorized():
+            return
+        elif self.path == "/v1/models" and fake.models_answer is not None:
+            self._send(200, fake.models_answer)
+        elif self.path == "/v1/models":
             entry = {"id": fake.name, "root": fake.root, "max_model_len": fake.max_model_len}
             self._send(200, {"object": "list", "data": [entry]})
-        elif self.path == "/health":
-            self._send(200, {})
         else:
             self._send(404, {"error": {"message": "Not Found"}})
 
@@ -217,6 +346,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server_ref
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         fake.counts[self.path] += 1
+        if not self._authorized():
+            return
         try:
             if body.get("model") != fake.name:
                 self._send(404, {"error": {"message": f"The model `{body.get('model')}` "
@@ -240,8 +371,10 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(fake.delay)
                 fake.bodies.append(body)
                 answer = _finite(fake.complete(body))
+                if fault in CORRUPTIONS:
+                    answer = corrupt(answer, fault, body, fake.vocab, fake.huge)
                 fake.spans.append((arrived, time.perf_counter()))
-                self._send(200, answer)
+                self._send(200, answer, fault)
             else:
                 self._send(404, {"error": {"message": "Not Found"}})
         except _BadRequest as error:

@@ -6,8 +6,11 @@ The real-vLLM versions of these checks are in test_remote_vllm.py (marked `remot
 
 from __future__ import annotations
 
+import re
+import shutil
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -184,9 +187,22 @@ def test_wrong_model_name_lists_what_is_served(servers):
         ({"base_url": "http://h:1/v1", "top_logprobs": 0}, "top_logprobs"),
         ({"base_url": "http://h:1/v1", "timeout": 0}, "timeout"),
         ({"base_url": "http://h:1/v1", "retries": -1}, "retries"),
+        ({"base_url": "http://h:1/v1", "max_answer_bytes": 0}, "max_answer_bytes"),
+        ({"base_url": "http://h:1/v1", "api_key": 123}, "credential must be a string"),
+        ({"base_url": "http://h:1/v1", "api_key": "k", "basic_auth": "u:p"}, "not both"),
+        ({"base_url": "http://u:p@h:1/v1", "basic_auth": "u:p"}, "one way"),
+        ({"base_url": "http://h:1/v1", "verify": "/no/such/ca.pem"}, "no such file"),
+        ({"base_url": "http://h:1/v1", "verify": 1.5}, "verify=1.5"),
+        ({"base_url": "http://h:1/v1", "verify": "NOT_PEM"}, "not a CA bundle"),
+        ({"base_url": "http://h:1/v1", "cert": "/no/such/cert.pem"}, "not a file"),
+        ({"base_url": "http://h:1/v1", "cert": ("a", "b", "c")}, "cert="),
+        ({"base_url": "http://h:1/v1", "cert": "NOT_PEM"}, "not a client certificate"),
     ],
 )
-def test_bad_specs_fail_at_construction(kwargs, match):
+def test_bad_specs_fail_at_construction(kwargs, match, tmp_path):
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    kwargs = {k: str(not_pem) if v == "NOT_PEM" else v for k, v in kwargs.items()}
     with pytest.raises(InvalidConfigError, match=match):
         Remote(**kwargs)
 
@@ -377,3 +393,247 @@ def test_remote_members_keep_to_the_grammar(method, remotes, shipped_members):
     remote = Ensemble(remotes, method).generate(PROMPT, config)
     assert remote.text == local.text and remote.finish_reason == "stop"
     assert 0 <= json.loads(remote.text)["answer"] <= 99
+
+
+# --- credentials: never shared, never shown ----------------------------------------------------
+
+KEY = "sk-test-KEY-never-shown"
+PASSWORD = "pw-never-shown"
+
+
+@pytest.fixture(scope="module")
+def locked():
+    """A served member that refuses requests without the key KEY (vLLM's --api-key)."""
+    path = model_paths()[0]
+    with FakeServer(path, name=path.name, api_key=KEY) as fake:
+        yield fake
+
+
+@pytest.mark.parametrize("adapter", ["langchain", "llamaindex"])
+def test_a_wrong_key_never_borrows_a_right_keys_engine(adapter, locked):
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    def ask(api_key: str | None) -> str:
+        spec = Remote(locked.url, tokenizer=locked.root, api_key=api_key, retries=0)
+        if adapter == "langchain":
+            return ChatEnsemble(models=[spec], method="single", max_tokens=4).invoke(QUESTION).text
+        return EnsembleLLM(models=[spec], method="single", max_new_tokens=4).complete(QUESTION).text
+
+    assert ask(KEY)  # loads an engine authenticated with the key
+    for wrong in ("sk-test-wrong", None):
+        with pytest.raises(ServerError, match="answered 401"):
+            ask(wrong)  # a configuration equal but for the key gets an engine of its own
+
+
+def test_keys_never_show_in_reprs_dumps_or_pickles(locked):
+    import dataclasses
+    import pickle
+
+    from pydantic import SecretStr
+
+    from langchain_ensemble import ChatEnsemble
+    from llamaindex_ensemble import EnsembleLLM
+
+    port = locked.port
+    specs = [
+        Remote(locked.url, tokenizer=locked.root, api_key=KEY),
+        Remote(locked.url, tokenizer=locked.root, api_key=SecretStr(KEY)),
+        Remote(f"http://alice:{PASSWORD}@127.0.0.1:{port}/v1", tokenizer=locked.root),
+    ]
+    chat = ChatEnsemble(models=specs, method="token")
+    chat_from_dicts = ChatEnsemble(
+        models=[{"base_url": locked.url, "api_key": KEY}], method="single"
+    )
+    llm = EnsembleLLM(models=specs, method="token")
+    shown = [
+        *(repr(s) for s in specs),
+        *(str(dataclasses.asdict(s)) for s in specs),
+        str(chat.model_dump()),
+        chat.model_dump_json(),
+        repr(chat),
+        chat.model_name,
+        chat_from_dicts.model_dump_json(),
+        str(llm.to_dict()),
+        llm.to_json(),
+        repr(llm),
+    ]
+    pickles = [pickle.dumps(x) for x in (*specs, chat, llm)]
+    for secret in (KEY, PASSWORD):
+        assert not any(secret in text for text in shown)
+        assert not any(secret.encode() in data for data in pickles)
+    assert specs[0] == specs[1] != Remote(locked.url, tokenizer=locked.root, api_key="other")
+    assert specs[2].base_url == f"http://127.0.0.1:{port}/v1"
+    assert ChatEnsemble(**chat.model_dump()).models[0] == Remote(locked.url, tokenizer=locked.root)
+    # a pickle is a file: the key was never in it, and the unpickled spec says so when used
+    with pytest.raises(InvalidConfigError, match="pickled"):
+        connect(pickle.loads(pickles[0]))
+
+
+def test_url_credentials_authenticate_and_never_show(servers):
+    import base64
+
+    fake = servers[0]
+    spec = Remote(f"http://alice:{PASSWORD}@127.0.0.1:{fake.port}/v1", tokenizer=fake.root)
+    member = connect(spec)
+    try:
+        token = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+        assert fake.authorizations[-1] == f"Basic {token}"  # sent as HTTP basic auth
+        assert PASSWORD not in member.name and PASSWORD not in spec.label
+    finally:
+        member.close()
+    with pytest.raises(InvalidConfigError) as wrong_model:
+        connect(Remote(f"http://alice:{PASSWORD}@127.0.0.1:{fake.port}", model="nope"))
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ServerError, match="down or unreachable") as down:
+        connect(Remote(f"http://alice:{PASSWORD}@127.0.0.1:{port}/v1", retries=0))
+    with pytest.raises(InvalidConfigError) as not_http:
+        Remote(f"alice:{PASSWORD}@127.0.0.1:{port}/v1")
+    for error in (wrong_model, down, not_http):
+        assert PASSWORD not in str(error.value)
+
+
+def test_server_errors_are_quoted_short_and_without_the_key(locked):
+    wrong = "sk-test-wrong-and-secret"
+    with pytest.raises(ServerError, match=r"answered 401: Unauthorized") as refused:
+        connect(Remote(locked.url, tokenizer=locked.root, api_key=wrong, retries=0))
+    message = str(refused.value)
+    assert wrong not in message  # the server echoed the header; the error does not
+    assert "-" * 400 not in message and len(message) < 600  # 2,000 characters of body, cut
+
+
+# --- what a server answers is checked ------------------------------------------------------------
+
+BAD_ANSWERS = {  # fault -> what the error says was wrong
+    "nan": "log-prob of nan",
+    "positive": "log-prob of 0.5",
+    "negative_id": "token id -1,",
+    "big_id": "token id 9",  # the vocabulary's size + 7, named
+    "extra_tokens": "for max_tokens=",
+    "not_json": "not JSON",
+    "no_choices": "without its 'choices'",
+    "huge": r"an answer of [\d,]+ bytes \(cap [\d,]+\)",
+    "huge_undeclared": r"an answer over [\d,]+ bytes",
+}
+FAULTS = [(fault, "token") for fault in BAD_ANSWERS]  # every request reads log-probs
+FAULTS += [(fault, "specem") for fault in ("negative_id", "big_id", "extra_tokens")]  # drafts
+
+
+@pytest.mark.parametrize("policy", ["raise", "drop"])
+@pytest.mark.parametrize(("fault", "method"), FAULTS, ids=lambda v: str(v))
+def test_invalid_answers_fail_the_member(fault, method, policy, servers, remotes):
+    fake = servers[0]
+    wrong = rf"member 'tb-gpt2-bpe': {fake.url}/completions .*{BAD_ANSWERS[fault]}"
+    ens = Ensemble(remotes, method, on_member_failure=policy)
+    events = []
+    fake.faults = [fault]
+    try:
+        if policy == "raise":
+            with pytest.raises(ServerError, match=wrong):
+                ens.generate(PROMPT, GenerationConfig(max_new_tokens=8), on_event=events.append)
+        else:
+            out = ens.generate(PROMPT, GenerationConfig(max_new_tokens=8), on_event=events.append)
+            assert out.text and out.stats.counts["member_failed"] == 1
+            assert re.search(wrong, out.stats.failed["tb-gpt2-bpe"])
+    finally:
+        fake.faults = []
+    assert [e.member for e in events if e.name == "member_failed"] == ["tb-gpt2-bpe"]
+
+
+@pytest.mark.parametrize("fault", ["nan", "positive", "not_json"])
+def test_invalid_scores_fail_the_member(fault, servers, remotes):
+    fake, member = servers[1], remotes[1]
+    member.start(PROMPT)
+    fake.faults = [fault]
+    with pytest.raises(ServerError, match=rf"'tb-qwen2-spm': {fake.url}.*{BAD_ANSWERS[fault]}"):
+        member.score([" 12 apples"], ends=[True])
+    assert member.text == ""  # nothing of the failed operation is kept
+
+
+@pytest.mark.parametrize(
+    ("answer", "what"),
+    [
+        (b"<html>busy</html>", "not JSON"),
+        (b'{"data": "tb-gpt2-bpe"}', "without its 'data' list"),
+        (b'{"data": [{"name": "tb-gpt2-bpe"}]}', "without a name"),
+        (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": 0}]}', "max_model_len=0"),
+        (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": -5}]}', "max_model_len=-5"),
+        (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": "4k"}]}', "max_model_len='4k'"),
+    ],
+)
+def test_invalid_model_lists_fail_at_connection(answer, what, servers):
+    fake = servers[0]
+    fake.models_answer = answer
+    try:
+        with pytest.raises(ServerError, match=rf"{fake.url}/models .*{re.escape(what)}"):
+            connect(Remote(fake.url, tokenizer=fake.root))
+    finally:
+        fake.models_answer = None
+
+
+def test_the_answer_cap_is_configurable(servers, remotes):
+    fake, usual = servers[0], remotes[0]
+    member = connect(Remote(fake.url, tokenizer=fake.root, max_answer_bytes=64 * 2**20))
+    try:
+        for m in (member, usual):
+            m.start(PROMPT)
+        fake.faults = ["huge"]  # 16 MiB: over the default cap, under this one
+        torch.testing.assert_close(member.logprobs([0]), usual.logprobs([0]))
+        assert not fake.faults  # the huge answer was the one read
+    finally:
+        fake.faults = []
+        member.close()
+
+
+# --- the timeout bounds the whole request ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["trickle", "trickle_head"])
+def test_timeout_bounds_the_whole_request(fault, servers):
+    """A server that sends a byte every 0.4 s never lets a per-read timeout of 1 s fire; the
+    request's timeout still ends it, long before the trickle would."""
+    fake = servers[0]
+    member = connect(Remote(fake.url, tokenizer=fake.root, timeout=1.0, retries=0))
+    try:
+        member.start(PROMPT)
+        fake.faults = [fault]
+        began = time.perf_counter()
+        with pytest.raises(ServerError, match=r"no answer from .* within 1 s"):
+            member.logprobs([0])
+        took = time.perf_counter() - began
+        assert fake.trickle_total >= 4 * fake.trickle  # the trickle was under way ...
+        assert took < fake.trickle_total / 2  # ... and far from over
+    finally:
+        fake.faults = []
+        member.close()
+
+
+# --- TLS -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command line")
+def test_tls_verify_and_client_certificates(tmp_path):
+    import ssl
+
+    from fake_server import make_tls_files
+
+    files = make_tls_files(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files["server"], files["server_key"])
+    context.verify_mode = ssl.CERT_REQUIRED  # the server asks for a client certificate
+    context.load_verify_locations(files["ca"])
+    path = model_paths()[0]
+    client = (str(files["client"]), str(files["client_key"]))
+    with FakeServer(path, name=path.name, tls=context) as fake:
+        assert fake.url.startswith("https://")
+        for verify in (str(files["ca"]), False):
+            member = connect(Remote(fake.url, tokenizer=str(path), verify=verify, cert=client))
+            member.start(PROMPT)
+            assert member.logprobs([0]).shape[0] == 1
+            member.close()
+        with pytest.raises(ServerError, match="CERTIFICATE_VERIFY_FAILED"):
+            connect(Remote(fake.url, tokenizer=str(path), cert=client, retries=0))  # no CA
+        with pytest.raises(ServerError):
+            connect(Remote(fake.url, tokenizer=str(path), verify=str(files["ca"]), retries=0))

@@ -55,8 +55,10 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
 The ensemble's member trust (`core.trust`) meets the loop at narrow hooks. Unless `drafter=` is
 given, the member trusted most drafts. P_ens and the consensus check's average are weighted by
 the trust, in the weighted form of the paper's App. H. Each ensemble point reports who backed
-the committed string, and each consensus skip reports which verifiers agreed. With equal
-weights, all of this is the paper's loop, bit for bit.
+the committed string. Each consensus skip reports which verifiers agreed with the drafted
+token, and the drafter as backing it. Every member is judged at the same decisions, so a
+member's trust does not depend on whether it drafts. With equal weights, all of this is the
+paper's loop, bit for bit.
 
 Two extensions sit beside the paper's loop, both on by default (the library's defaults are the
 configuration that measured best: `heal=True`, `sharpen="geometric"`, `max_lookahead=20`;
@@ -387,8 +389,9 @@ class Safe(Method):
         weights = self._trust(cycle, [self.drafter, *self.verifiers])
         if not self._agreed(own, agree, cycle.request.sampler, weights):
             return None
-        names = [self.members[i].name for i in self.verifiers]  # the member trust's report:
-        cycle.request.trust.update(dict(zip(names, map(float, agree), strict=True)))  # agreed?
+        backed = [1.0] + [float(a) for a in agree]  # the member trust's report: the drafter
+        names = [self.members[i].name for i in [self.drafter, *self.verifiers]]  # backs its
+        cycle.request.trust.update(dict(zip(names, backed, strict=True)))  # token; verifiers?
         return SkipConsensus(at)
 
     def _ensemble_here(

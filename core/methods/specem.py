@@ -209,8 +209,8 @@ class SpecEM(Method):
         if check_bool("persist_weights", persist_weights):
             raise InvalidConfigError(
                 "persist_weights=True is not a SpecEM option: the weights carried across "
-                "requests are the ensemble's member trust, which every method learns; pass "
-                "learn_weights=True to the Ensemble (the default) and see ens.member_weights, "
+                "requests are the ensemble's member trust, which every method learns from; "
+                "pass learn_weights=True to the Ensemble, and see ens.member_weights, "
                 "ens.save_weights() and ens.load_weights()."
             )
         self.reuse_cache = check_bool("reuse_cache", reuse_cache)
