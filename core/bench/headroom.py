@@ -10,8 +10,9 @@ fastest single member, measured side by side (configurations interleaved problem
 a rotating order); E/T; and the members' weights after warm-up.
 
 Warm-up: before anything is measured, every ensemble answers `warmup` problems of another seed
-(disjoint from the measured ones), so the member weights it learns from its own decisions
-settle; then learning is frozen, so each measured answer depends on its problem alone.
+(disjoint from the measured ones) with learning on (`learn_weights=True`), so it learns the
+member weights from its own decisions; then learning is frozen, so each measured answer depends
+on its problem alone.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ METHODS = ("token", "safe", "specem", "rerank")
 # measured seed 1): the rows "at its best" run with these.
 BEST: dict[str, dict[str, Any]] = {
     "token": {"subtoken": "first"},
-    "safe": {"heal": True, "sharpen": "geometric"},
+    "safe": {},  # its defaults are its best
     "specem": {"feedback": False},
     "rerank": {},
 }
+# What the papers publish, one preset away: measured on the three members next to the defaults.
+PUBLISHED: dict[str, dict[str, Any]] = {"safe": {"preset": "paper"}, "specem": {"preset": "paper"}}
 SETS = ("pairs", "three", "weak")  # which member sets to run (--sets)
 
 
@@ -67,14 +70,16 @@ def headroom_setups(
     configs: Sequence[str] = (),
 ) -> list[Setup]:
     """Every member alone, then per member set every method at its default and best options
-    (one row where they are the same), then `--config` setups (label=method:members=0+1,...)."""
+    (one row where they are the same; on the three members also as its paper publishes it),
+    then `--config` setups (label=method:members=0+1,...)."""
     setups = [Setup(f"single {names[i]}", "single", {}, [i]) for i in range(len(names))]
     for label, chosen in member_sets(names, which).items():
         for method in methods:
             setups.append(Setup(f"{label}: {method}", method, {}, chosen))
-            if BEST.get(method):
-                best = ", ".join(f"{k}={v}" for k, v in BEST[method].items())
-                setups.append(Setup(f"{label}: {method} ({best})", method, BEST[method], chosen))
+            variants = [BEST.get(method, {})] + [PUBLISHED.get(method, {})] * (len(chosen) == 3)
+            for options in filter(None, variants):
+                shown = ", ".join(f"{k}={v}" for k, v in options.items())
+                setups.append(Setup(f"{label}: {method} ({shown})", method, options, chosen))
     return setups + parse_setups((), (), len(names), configs, names)
 
 
@@ -109,10 +114,11 @@ def run(
     bar = _bar(progress, len(setups) * (warmup + 1), "warm-up")
     for setup in setups:
         ensemble = ensembles[setup.label]
+        ensemble.learn_weights = True  # the warm-up learns the member weights...
         for messages, _ in warm_task.items if warm_task else ():
             ensemble.generate(messages, config)
             _tick(bar)
-        ensemble.learn_weights = False  # measured answers depend on their problem alone
+        ensemble.learn_weights = False  # ...then they stay: each answer depends on its problem
         weights[setup.label] = ensemble.member_weights if len(ensemble.members) > 1 else None
         # one untimed request (lazy inits, allocator); the drafter is the first member started
         first = ensemble.generate(task.items[0][0], GenerationConfig(max_new_tokens=8))
