@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def _readme_default() -> dict:
     """The options in the README's sentence "The default configuration is `method=..., ...`"."""
-    found = re.search(r"The default configuration is `([^`]*)`", README.read_text())
+    found = re.search(r"The default\s+configuration\s+is\s+`([^`]*)`", README.read_text())
     assert found, "the README states the default configuration"
     call = ast.parse(f"f({found.group(1)})", mode="eval").body
     return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
