@@ -46,11 +46,11 @@ from .validate import check_bool, check_int, check_real
 from .vocab import EOS
 
 # The defaults of the `Ensemble` options learn_weights, weight_lr, weight_floor and probe_every.
-LEARN, LR, FLOOR, PROBE_EVERY = False, 0.1, 0.1, 10
+LEARN, LR, FLOOR, PROBE_EVERY = False, 0.1, 0.2, 10
 # Learned log-weights settle at SPREAD x each member's recent rate of backing the committed text,
-# so a member that backs every decision ends at most e**SPREAD (55x) above one that backs none,
+# so a member that backs every decision ends at most e**SPREAD (20x) above one that backs none,
 # however long it learns: weights stay a graded mixture, not a collapse onto one member.
-SPREAD = 4.0
+SPREAD = 3.0
 MAX_ETA = 50.0  # Hedge's step, bounded: exp(50) cannot overflow, so weights never become NaN
 MIN_WEIGHT = 1e-6  # no weight falls below this: each stays positive, so each can recover
 FILE_FORMAT = "llm-ensembling member weights"

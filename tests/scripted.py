@@ -12,15 +12,20 @@ class Scripted(HFMember):
     """A real testbed tokenizer whose "model" spells fixed texts in its canonical tokenization:
     the next token is a mixture of the next tokens of the scripts the ids so far are a prefix
     of (weighted; the stop after a script's end); off every script it is uniform, or, given
-    `off`, the first token of `off` (a member that always says the same wrong thing).
-    Deterministic members for exact expectations."""
+    `off`, the first token of `off` (a member that always says the same wrong thing). `sure`
+    below 1 spreads the rest of each row's mass evenly over the vocabulary (an unsure member,
+    whose likeliest token is still the script's). Deterministic members for exact
+    expectations."""
 
-    def __init__(self, base: HFMember, scripts, name: str, off: str | None = None) -> None:
+    def __init__(
+        self, base: HFMember, scripts, name: str, off: str | None = None, sure: float = 1.0
+    ) -> None:
         super().__init__(name, base.model, base.tokenizer)
         scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
         self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
         self.stop = base.tokenizer.eos_token_id
         self.off = None if off is None else self.canonical_ids(off)[0]
+        self.sure = sure
 
     def _row(self, seq: list[int]) -> torch.Tensor:
         probs = torch.zeros(self.vocab.size, dtype=torch.float64)
@@ -31,7 +36,8 @@ class Scripted(HFMember):
             probs[self.off] = 1.0
         if not probs.sum():
             return torch.log_softmax(torch.zeros(self.vocab.size), -1)
-        return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
+        probs = self.sure * probs / probs.sum() + (1 - self.sure) / self.vocab.size
+        return torch.log(probs.clamp_min(1e-13)).float()
 
     def logprobs(self, boundaries):
         self.calls += 1

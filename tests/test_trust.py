@@ -30,11 +30,21 @@ def _updates(out) -> list[TrustUpdated]:
 
 @pytest.fixture
 def trio(tiny_members):
-    """Two members that spell TEXT (same tokenizer, so they draft the same segments) and one
-    that always says "Tom", whatever was written: it never backs the committed text."""
+    """Two members that spell TEXT (same tokenizer, so they draft the same segments; "twin" is
+    unsure, so SAFE's members do not reach consensus and it ensembles) and one that always
+    says "Tom", whatever was written: it never backs the committed text."""
     return [
         Scripted(tiny_members[0], [TEXT], "right"),
-        Scripted(tiny_members[0], [TEXT], "twin"),
+        Scripted(tiny_members[0], [TEXT], "twin", sure=0.4),
+        Scripted(tiny_members[1], [], "wrong", off="Tom"),
+    ]
+
+
+@pytest.fixture
+def quartet(tiny_members):
+    """Three sure members that spell TEXT and one that always says "Tom"."""
+    return [
+        *(Scripted(tiny_members[0], [TEXT], name) for name in ("right", "twin", "third")),
         Scripted(tiny_members[1], [], "wrong", off="Tom"),
     ]
 
@@ -49,17 +59,16 @@ def _write(tmp_path, data, name="weights.json"):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_weights_move_toward_the_members_that_back_the_committed_text(trio, method):
-    ens = Ensemble(trio, method, learn_weights=True, weight_floor=0.0)
-    assert ens.member_weights == {"right": 1 / 3, "twin": 1 / 3, "wrong": 1 / 3}
-    previous, total = 1 / 3, 0
+def test_weights_move_toward_the_members_that_back_the_committed_text(quartet, method):
+    ens = Ensemble(quartet, method, learn_weights=True, weight_floor=0.0)
+    assert ens.member_weights == {"right": 0.25, "twin": 0.25, "third": 0.25, "wrong": 0.25}
+    previous, total = 0.25, 0
     for _ in range(3):
         out = ens.generate(PROMPT, max_new_tokens=64)
         assert out.text == TEXT  # the two that agree carry every decision
         [learned] = _updates(out)  # one update, as the request finished
         assert learned.decisions > 0 and learned.rewards["wrong"] == 0.0
-        assert all(learned.rewards.get(n, 1.0) > 0 for n in ("right", "twin"))  # (SAFE: the
-        # drafter is judged at ensemble points only, where its token was in question)
+        assert min(learned.rewards[n] for n in ("right", "twin", "third")) > 0
         assert out.events[-1] == learned
         weights = ens.member_weights
         assert weights == learned.weights and sum(weights.values()) == pytest.approx(1.0)
@@ -163,7 +172,7 @@ def test_a_probed_member_that_backs_the_text_climbs_back_over_the_floor(trio, tm
     """The floor is a share of an equal share (here 0.1 / 3). "right" starts under it and is
     not asked; at the probe it backs every decision while "wrong" backs none, and the share
     "wrong" loses brings "right" back over the floor: the next request asks it again."""
-    path = _write(tmp_path, {"weights": {"right": 0.03, "twin": 0.5, "wrong": 0.47}})
+    path = _write(tmp_path, {"weights": {"right": 0.03, "twin": 0.8, "wrong": 0.17}})
     ens = Ensemble(
         trio, "token", learn_weights=True, weight_floor=0.1, probe_every=2, weight_lr=0.5
     )
@@ -379,7 +388,11 @@ def test_weights_are_in_stats_summary_and_events(trio):
     assert out.stats.to_dict()["member_weights"] == {n: 0.333333 for n in ens.member_weights}
     summary = ens.summary()
     assert summary["member_weights"] == ens.member_weights != out.stats.member_weights
-    assert (summary["learn_weights"], summary["probe_every"]) == (True, 10)
+    assert (summary["learn_weights"], summary["weight_floor"], summary["probe_every"]) == (
+        True,
+        0.2,
+        10,
+    )
     assert summary["weight_updates"] == _updates(out)[0].decisions
     assert _updates(out)[0].to_dict()["name"] == "trust_updated"
     second = ens.generate(PROMPT, max_new_tokens=64)

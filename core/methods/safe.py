@@ -54,11 +54,12 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
 
 The ensemble's member trust (`core.trust`) meets the loop at narrow hooks. Unless `drafter=` is
 given, the member trusted most drafts. P_ens and the consensus check's average are weighted by
-the trust, in the weighted form of the paper's App. H. Each ensemble point reports who backed
-the committed string. Each consensus skip reports which verifiers agreed with the drafted
-token, and the drafter as backing it. Every member is judged at the same decisions, so a
-member's trust does not depend on whether it drafts. With equal weights, all of this is the
-paper's loop, bit for bit.
+the trust, in the weighted form of the paper's App. H. Each ensemble point reports which
+members' likeliest strings backed the committed one. A consensus skip reports only where the
+verifiers' own average backs the drafted token without the drafter's vote. Then the drafter
+and the agreeing verifiers backed it, and a verifier that disagreed did not. Elsewhere the
+drafter's own probability decides the skip, and counting it would make whoever drafts look
+right. With equal weights, all of this is the paper's loop, bit for bit.
 
 Two extensions sit beside the paper's loop, both on by default (the library's defaults are the
 configuration that measured best: `heal=True`, `sharpen="geometric"`, `max_lookahead=20`;
@@ -389,9 +390,10 @@ class Safe(Method):
         weights = self._trust(cycle, [self.drafter, *self.verifiers])
         if not self._agreed(own, agree, cycle.request.sampler, weights):
             return None
-        backed = [1.0] + [float(a) for a in agree]  # the member trust's report: the drafter
-        names = [self.members[i].name for i in [self.drafter, *self.verifiers]]  # backs its
-        cycle.request.trust.update(dict(zip(names, backed, strict=True)))  # token; verifiers?
+        if _mean(own[1:], weights and weights[1:]) > 0.5:  # the member trust's report, where
+            names = [self.members[i].name for i in [self.drafter, *self.verifiers]]  # the
+            backed = [1.0, *map(float, agree)]  # verifiers back the token without the drafter
+            cycle.request.trust.update(dict(zip(names, backed, strict=True)))
         return SkipConsensus(at)
 
     def _ensemble_here(
