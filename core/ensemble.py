@@ -37,7 +37,7 @@ from .errors import EnsembleError, InvalidConfigError, MemberError
 from .events import Event, MemberFailed, ToolCallEvent
 from .hf_member import HFMember
 from .member import ContextOverflow, Member
-from .methods import Method, Request, build_method, check_method
+from .methods import DEFAULT_METHOD, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
@@ -64,7 +64,7 @@ class Ensemble:
     def __init__(
         self,
         members: Sequence[Member],
-        method: str = "safe",
+        method: str = DEFAULT_METHOD,
         *,
         on_member_failure: str = "raise",
         max_concurrency: int | None = None,
@@ -110,7 +110,7 @@ class Ensemble:
     def from_pretrained(
         cls,
         models: Models,
-        method: str = "safe",
+        method: str = DEFAULT_METHOD,
         *,
         device: str | Sequence[str] = "auto",
         dtype: str | Sequence[str] = "auto",
@@ -181,7 +181,7 @@ class Ensemble:
         )
 
     @classmethod
-    def demo(cls, method: str = "safe", **kwargs: Any) -> Ensemble:
+    def demo(cls, method: str = DEFAULT_METHOD, **kwargs: Any) -> Ensemble:
         """The shipped tiny testbed models: runs offline, on CPU."""
         from .testbed import model_paths
 

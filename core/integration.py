@@ -27,7 +27,7 @@ from .ensemble import Ensemble
 from .errors import InvalidConfigError
 from .events import Event
 from .loading import check_model_source
-from .methods import check_method
+from .methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from .remote import Remote, source_label
 from .shared import shared_ensemble
 from .summary import request_summary
@@ -45,7 +45,7 @@ LOADING_FIELDS: dict[str, dict[str, Any]] = {
         "vLLM (a dict of Remote's fields works too); SAFE drafts with the most trusted (the "
         "first while all are trusted alike).",
     },
-    "method": {"default": "safe", "description": '"safe" | "specem" | "token" | "single".'},
+    "method": {"default": DEFAULT_METHOD, "description": " | ".join(METHOD_NAMES)},
     "method_options": {
         "default_factory": dict,
         "description": "Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
@@ -63,7 +63,7 @@ class EnsembleSettings:
     options, and per-member devices, dtypes and names."""
 
     models: Sequence[str | Remote]
-    method: str = "safe"
+    method: str = DEFAULT_METHOD
     method_options: Mapping[str, Any] = field(default_factory=dict)
     device: str | Sequence[str] = "auto"
     dtype: str | Sequence[str] = "auto"

@@ -21,7 +21,7 @@ from core.trust import MAX_ETA, MIN_WEIGHT, hedge
 
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 5."
 PROMPT = [{"role": "user", "content": "Sara has 6 buttons. She donates 1. How many?"}]
-METHODS = ["token", "safe", "specem"]
+METHODS = ["token", "safe", "specem", "rerank"]
 
 
 def _updates(out) -> list[TrustUpdated]:
@@ -233,6 +233,7 @@ CONFIGS = [
     ("safe", {"heal": True, "sharpen": "geometric"}),
     ("specem", {}),
     ("specem", {"feedback": False}),
+    ("rerank", {}),
 ]
 
 

@@ -72,7 +72,7 @@ def _with_served(
     return members + served, setups + served_twins(setups, len(members))
 
 
-def _run_one(
+def run_one(
     ensemble: Ensemble, messages: list[dict], config: GenerationConfig, check
 ) -> tuple[Record, str]:
     if torch.cuda.is_available():
@@ -296,7 +296,7 @@ def run(
             # one seed per problem: sampled rows (and methods that sample inside a greedy
             # request, e.g. SpecEM's preset="paper" drafts) are reproducible
             seeded = replace(config, seed=seed + index)
-            record, text = _run_one(
+            record, text = run_one(
                 ensembles[setup.label], messages, seeded, check if with_accuracy else None
             )
             records[setup.label].append(record)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..errors import EnsembleError, InvalidConfigError
 
+BENCH_METHODS = "single,token,safe,specem"  # what `bench` compares unless --methods says
+
 
 def _command(args: argparse.Namespace) -> str:
     return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
@@ -36,7 +38,7 @@ def _members_and_setups(args: argparse.Namespace):
             "--concurrency, --grammar-cost and --form tool compare texts and answers of greedy "
             "requests; drop --temperature."
         )
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     if args.aggregator is not None:
         raise InvalidConfigError(
             "--aggregator expands the accuracy/speed table's configurations; with "
@@ -100,7 +102,7 @@ def _bench_tools(args: argparse.Namespace) -> None:
             "tools to offer)."
         )
     task = tools.testbed_tool_task(args.n, args.seed)
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     members, _ = _members_and_setups(args)
     tools.run(
         members=members,
@@ -136,25 +138,55 @@ def _bench_serve(args: argparse.Namespace) -> None:
     _show(args)
 
 
+def _bench_headroom(args: argparse.Namespace) -> None:
+    from . import headroom
+
+    if args.model or args.task != "arithmetic" or args.form != "cot" or args.shape:
+        raise InvalidConfigError(
+            "--headroom runs the shipped testbed members (and the weak one) on chain-of-thought "
+            "problems; drop --model, --task, --form and --shape."
+        )
+    given = args.methods.split(",") if args.methods else headroom.METHODS
+    methods = [m for m in given if m and m != "single"]
+    headroom.run(
+        n=args.n,
+        seed=args.seed,
+        warmup=args.warmup,
+        warmup_seed=args.warmup_seed,
+        methods=methods,
+        which=[s for s in args.sets.split(",") if s],
+        configs=args.config,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        device=args.device,
+        threads=args.threads,
+        command=_command(args),
+    )
+    _show(args)
+
+
 def bench(args: argparse.Namespace) -> None:
     from .accuracy import run
     from .setups import parse_setups
 
-    if sum(map(bool, (args.concurrency, args.grammar_cost, args.serve))) > 1:
+    runs = (args.concurrency, args.grammar_cost, args.serve, args.headroom)
+    if sum(map(bool, runs)) > 1:
         raise InvalidConfigError(
-            "--concurrency, --grammar-cost and --serve are separate runs; pick one."
+            "--concurrency, --grammar-cost, --serve and --headroom are separate runs; pick one."
         )
     if args.prompt_tokens is not None and not args.concurrency:
         raise InvalidConfigError("--prompt-tokens pads the prompts of a --concurrency run; add it.")
     if args.serve:
         return _bench_serve(args)
+    if args.headroom:
+        return _bench_headroom(args)
     if args.concurrency:
         return _bench_concurrency(args)
     if args.grammar_cost:
         return _bench_grammar(args)
     if args.form == "tool":
         return _bench_tools(args)
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
 
     def setups_from(names: list[str]):
@@ -256,7 +288,9 @@ def soak(args: argparse.Namespace) -> None:
 def add_commands(sub) -> None:
     """The `bench` and `soak` sub-commands, on the CLI's sub-parsers."""
     p = sub.add_parser("bench", help="measure methods side by side in one run")
-    p.add_argument("--methods", default="single,token,safe,specem")
+    p.add_argument(
+        "--methods", default=None, help="default: single,token,safe,specem (--headroom: every one)"
+    )
     p.add_argument("--aggregator", default=None, help="for token and safe (default: unite,gac)")
     p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
@@ -322,6 +356,20 @@ def add_commands(sub) -> None:
         metavar="LEVELS",
         help="e.g. 1,8,32: every method served over HTTP (a server process, a pool of streaming "
         "clients) against the same requests in process, at each number of concurrent clients",
+    )
+    p.add_argument(
+        "--headroom",
+        action="store_true",
+        help="every member alone, and every method at its default and best options on every "
+        "pair of the shipped members, the three, and the three with the weak member: accuracy, "
+        "the either-right ceiling, the share of the gap closed, time per token, weights",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=20, help="--headroom: warm-up problems per ensemble"
+    )
+    p.add_argument("--warmup-seed", type=int, default=2, help="--headroom: their seed")
+    p.add_argument(
+        "--sets", default="pairs,three,weak", help="--headroom: member sets (pairs,three,weak)"
     )
     p.set_defaults(func=bench)
 

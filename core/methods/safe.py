@@ -16,7 +16,9 @@ The ensembled token replaces draft token j, the rest of the draft is dropped, ev
 synced back to the committed text (`Member.sync` does every rollback) and the drafter resumes.
 
 Three rules the paper leaves to its code are options; `preset="authors"` follows the authors'
-released code on all three (docs/departures.md lists what each changes, measured):
+released code on all three (docs/departures.md lists what each changes, measured), and
+`preset="paper"` runs the paper's loop as the paper states it (its main results' heuristic
+sharpening, our extensions off, the rules it leaves open as the library decides them):
 - `stop_check`: "mass" = at the drafter's stop, a verifier's own "token" is the stop, with its
   stop mass (all its stop ids) as the probability and "argmax" meaning the stop mass beats every
   other id; "text" (authors) = the stop is decoded into the text ("<|end|>") and a verifier reads
@@ -59,7 +61,9 @@ drafts look right. And a verifier's "agreement" there is with its own next token
 coarse tokenizer (whole words, whole numbers) gets right less often than a fine one does.
 With equal weights, all of this is the paper's loop, bit for bit.
 
-Two extensions sit beside the paper's loop, both off by default:
+Two extensions sit beside the paper's loop, both on by default (the library's defaults are the
+configuration that measured best: `heal=True`, `sharpen="geometric"`, `max_lookahead=20`;
+`preset="paper"` turns both off and sharpens as the paper's main results do):
 - `heal=True` (or "oov"): read a verifier by text where its tokens and the drafter's do not line
   up (`safe_heal.py`, behind one per-cycle object: where a verifier's tokens sit, whether a
   position is read by text, the extra rows that needs, and the readings).
@@ -79,6 +83,7 @@ import bisect
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -108,9 +113,28 @@ EXTRA_TOKENS = "ensemble_extra_tokens"
 
 STOP_CHECKS = ("mass", "text")
 REMAPS = ("likeliest", "as-aligned")
-# The three rules as the library decides them, and as the authors' released code has them.
+# The three rules as the library decides them.
 RULES = {"stop_check": "mass", "remap": "likeliest", "subtoken": "first"}
-PRESETS = {"authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank"}}
+# What a preset sets: the three rules, the sharpening and our two extensions. The library's
+# defaults (the configuration that measured best: README, "The default"), then each preset: the
+# paper's loop as it states it (its main results' heuristic sharpening, fixed 5-token drafts, no
+# text reading), and the authors' released code (the same, with their three rules).
+DEFAULTS = {**RULES, "sharpen": "geometric", "heal": True, "max_lookahead": 20}
+PUBLISHED = {"sharpen": "heuristic", "heal": False, "max_lookahead": None}
+PRESETS = {
+    "paper": PUBLISHED,
+    "authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank", **PUBLISHED},
+}
+
+
+class _Default:
+    """An option left out: the preset's value, else the library's default (`DEFAULTS`)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
 
 __all__ = ["EXTRA_TOKENS", "HEALED", "PRESETS", "SKIP_REASONS", "Safe", "consensus"]
 
@@ -195,18 +219,28 @@ class Safe(Method):
         lookahead: int = 5,
         aggregator: str = "unite",
         top_k: int = 10,
-        sharpen: str | None = "heuristic",
+        sharpen: str | None = DEFAULT,
         threshold: float = 0.1,
-        heal: bool | str = False,
-        max_lookahead: int | None = None,
+        heal: bool | str = DEFAULT,
+        max_lookahead: int | None = DEFAULT,
         preset: str | None = None,
         stop_check: str | None = None,
         remap: str | None = None,
         subtoken: str | None = None,
     ) -> None:
         super().__init__(members)
-        _check_options(aggregator, sharpen, lookahead, top_k, max_lookahead, threshold, heal)
-        rules = _rules(preset, stop_check=stop_check, remap=remap, subtoken=subtoken)
+        _check_options(aggregator, lookahead, top_k, threshold)
+        rules = _rules(
+            preset,
+            lookahead,
+            stop_check=stop_check,
+            remap=remap,
+            subtoken=subtoken,
+            sharpen=sharpen,
+            heal=heal,
+            max_lookahead=max_lookahead,
+        )
+        sharpen, heal, max_lookahead = rules["sharpen"], rules["heal"], rules["max_lookahead"]
         # None: the member the ensemble trusts most drafts (the first while all are trusted alike)
         self.drafter = 0 if drafter is None else pick_member(self.members, drafter, "drafter")
         self.drafter_given = drafter is not None
@@ -508,26 +542,32 @@ class Safe(Method):
 # Pieces of a cycle that need no method state.
 
 
-def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, threshold, heal) -> None:
+def _check_options(aggregator, lookahead, top_k, threshold) -> None:
     check_choice("aggregator", aggregator, AGGREGATORS)
-    check_choice("sharpen", sharpen_, (*SHARPENINGS, None))
     check_int("lookahead", lookahead, low=1, example=5)  # the paper's 5
     check_int("top_k", top_k, low=1, example=10)  # the paper's 10
-    if max_lookahead is not None:  # None: every draft `lookahead` tokens, as in the paper
-        check_int("max_lookahead", max_lookahead, low=lookahead, example=max(20, lookahead))
     check_real("threshold", threshold, low=0, high=1, high_open=True, example=0.1)
-    check_choice("heal", heal, (False, True, "oov"))
 
 
-def _rules(preset: str | None, **given: str | None) -> dict[str, str]:
-    """The three rules: each given option, else the preset's, else the library's."""
+def _rules(preset: str | None, lookahead: int, **given) -> dict:
+    """What a preset sets: each given option, else the preset's, else the library's default
+    (whose drafts grow to at least `lookahead`)."""
     if preset is not None:
         check_choice("preset", preset, tuple(PRESETS))
-    rules = {**RULES, **(PRESETS[preset] if preset else {})}
-    rules |= {k: v for k, v in given.items() if v is not None}
+    rules = {**DEFAULTS, **(PRESETS[preset] if preset else {})}
+    if given["max_lookahead"] is DEFAULT and rules["max_lookahead"] is not None:
+        rules["max_lookahead"] = max(rules["max_lookahead"], lookahead)
+    for key, value in given.items():  # the three rules take None for "not given" too
+        if value is not DEFAULT and not (value is None and key in RULES):
+            rules[key] = value
     check_choice("stop_check", rules["stop_check"], STOP_CHECKS)
     check_choice("remap", rules["remap"], REMAPS)
     check_choice("subtoken", rules["subtoken"], SUBTOKEN_RULES)
+    check_choice("sharpen", rules["sharpen"], (*SHARPENINGS, None))
+    check_choice("heal", rules["heal"], (False, True, "oov"))
+    grow = rules["max_lookahead"]
+    if grow is not None:  # None: every draft `lookahead` tokens, as in the paper
+        check_int("max_lookahead", grow, low=lookahead, example=max(20, lookahead))
     return rules
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import InvalidConfigError
+from core.methods import DEFAULT_METHOD
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,7 +63,7 @@ class EnsembleSpec:
     """`Ensemble.from_pretrained`'s arguments."""
 
     members: tuple[Any, ...] = ()  # paths, hub ids, or dicts of `Remote`'s fields
-    method: str = "safe"
+    method: str = DEFAULT_METHOD
     options: dict[str, Any] = field(default_factory=dict)
     device: Any = "auto"
     dtype: Any = "auto"
