@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# An unpinned `torch` from PyPI is a multi-GB CUDA build; pin the CPU-friendly release.
+# An unpinned `torch` from PyPI is a multi-GB CUDA build; pin the CPU-friendly release. TORCH is
+# split into words, so it can carry pip options: TORCH="torch==2.13.0 --index-url URL".
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
@@ -12,8 +13,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[langchain,llamaindex,bench,test]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[langchain,llamaindex,bench,serve,test]"
 	touch $(STAMP)
 
 setup: $(STAMP)

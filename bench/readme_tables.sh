@@ -3,7 +3,7 @@
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   bench/readme_tables.sh [main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]
+#   bench/readme_tables.sh [headroom|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,18 +12,25 @@ BENCH=${BENCH:-$CLI bench}
 OUT=${OUT:-bench/results}
 MODELS=core/testbed/models
 
+headroom() {  # the default against the ceiling: every member alone, every method at its default
+  # and best options on every pair, the three, and the three with the weak member
+  $BENCH --headroom --n 200 --seed 1 --warmup 20 --warmup-seed 2 --threads 1 \
+    --max-new-tokens 128 --out "$OUT/headroom" \
+    --config "bpe + spm + word: safe (GaC)=safe:members=0+1+2,aggregator=gac"
+}
+
 main() {  # every method on the three shipped models; every label names its options
   $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" --methods single \
     --config "token unite (published: non-blank sub-token)=token:aggregator=unite" \
     --config "token unite, first sub-token=token:aggregator=unite,subtoken=first" \
     --config "token gac (published: gated at 0.5)=token:aggregator=gac" \
     --config "token gac, every token=token:aggregator=gac,gate=none" \
-    --config "safe unite=safe" \
-    --config "safe gac=safe:aggregator=gac" \
+    --config "safe unite (paper preset)=safe:preset=paper" \
+    --config "safe gac (paper preset)=safe:aggregator=gac,preset=paper" \
     --config "safe unite, authors' rules=safe:preset=authors" \
-    --config "safe unite heal=safe:heal=true" \
-    --config "safe unite geometric heal=safe:heal=true,sharpen=geometric" \
-    --config "safe unite, drafts grow to 20=safe:max_lookahead=20" \
+    --config "safe unite heal=safe:preset=paper,heal=true" \
+    --config "safe unite geometric heal=safe:preset=paper,heal=true,sharpen=geometric" \
+    --config "safe unite, drafts grow to 20=safe:preset=paper,max_lookahead=20" \
     --config "specem=specem" \
     --config "specem paper preset (sampled drafts)=specem:preset=paper" \
     --config "specem no feedback=specem:feedback=false"
@@ -37,13 +44,13 @@ safe() {  # SAFE in both drafter orders: bpe (coarser digits) and spm (finer dig
       for sharpen in heuristic geometric none; do
         for heal in false true; do
           suffix=""; [ "$heal" = true ] && suffix=" heal"
-          configs+=(--config "safe[$name] $agg $sharpen$suffix=safe:members=${order#*:},aggregator=$agg,sharpen=$sharpen,heal=$heal")
+          configs+=(--config "safe[$name] $agg $sharpen$suffix=safe:members=${order#*:},preset=paper,aggregator=$agg,sharpen=$sharpen,heal=$heal")
         done
       done
-      configs+=(--config "safe[$name] $agg heuristic heal-oov=safe:members=${order#*:},aggregator=$agg,heal=oov")
+      configs+=(--config "safe[$name] $agg heuristic heal-oov=safe:members=${order#*:},preset=paper,aggregator=$agg,heal=oov")
       [ "$agg" = unite ] && for heal in false true; do  # drafts that grow while they stand
         suffix=""; [ "$heal" = true ] && suffix=" heal"
-        configs+=(--config "safe[$name] $agg heuristic$suffix, grow to 20=safe:members=${order#*:},aggregator=$agg,heal=$heal,max_lookahead=20")
+        configs+=(--config "safe[$name] $agg heuristic$suffix, grow to 20=safe:members=${order#*:},preset=paper,aggregator=$agg,heal=$heal,max_lookahead=20")
       done
     done
   done
@@ -81,7 +88,8 @@ remote() {  # members on vLLM servers against in-process, with and without prefi
     $BENCH --n 20 --threads 1 --max-new-tokens 128 --out "$out" \
       --model "$MODELS/tb-gpt2-bpe" --remote "${urls[0]}" \
       --model "$MODELS/tb-qwen2-spm" --remote "${urls[1]}" \
-      --methods single,token,safe,specem --aggregator unite || true
+      --methods single,token,specem --aggregator unite \
+      --config "safe unite=safe:aggregator=unite,preset=paper" || true
     kill -TERM "$serve"; wait "$serve" || true; rm -f "$log"
   done
 }
@@ -92,12 +100,12 @@ departures2() {  # docs/departures.md: SAFE's three rules one by one and togethe
   local configs=() order name m
   for order in "bpe:0+1" "spm:1+0"; do
     name=${order%%:*}; m=members=${order#*:}
-    configs+=(--config "safe[$name] library rules=safe:$m")
+    configs+=(--config "safe[$name] library rules=safe:$m,preset=paper")
     configs+=(--config "safe[$name] authors rules=safe:$m,preset=authors")
-    configs+=(--config "safe[$name] stop read as text=safe:$m,stop_check=text")
-    configs+=(--config "safe[$name] remap as aligned=safe:$m,remap=as-aligned")
-    configs+=(--config "safe[$name] nonblank sub-token=safe:$m,subtoken=nonblank")
-    configs+=(--config "safe[$name] gac library rules=safe:$m,aggregator=gac")
+    configs+=(--config "safe[$name] stop read as text=safe:$m,preset=paper,stop_check=text")
+    configs+=(--config "safe[$name] remap as aligned=safe:$m,preset=paper,remap=as-aligned")
+    configs+=(--config "safe[$name] nonblank sub-token=safe:$m,preset=paper,subtoken=nonblank")
+    configs+=(--config "safe[$name] gac library rules=safe:$m,preset=paper,aggregator=gac")
     configs+=(--config "safe[$name] gac authors rules=safe:$m,aggregator=gac,preset=authors")
     configs+=(--config "token[$name] unite=token:$m")
     configs+=(--config "token[$name] unite first sub-token=token:$m,subtoken=first")
@@ -122,10 +130,10 @@ departures3() {  # docs/departures.md: the token baselines and SpecEM's choices,
     --config "specem no feedback=specem:feedback=false"
 }
 
-concurrency() {  # every method (default options) at 1-16 concurrent requests, against the same
+concurrency() {  # every method (SAFE: paper preset) at 1-16 concurrent requests, against the same
   # requests one at a time; levels interleaved chunk by chunk
   $BENCH --concurrency 1,2,4,8,16 --n 160 --threads 1 --max-new-tokens 128 \
-    --methods single,token,safe,specem --out "$OUT/concurrency"
+    --methods single,token,specem --config "safe=safe:preset=paper" --out "$OUT/concurrency"
 }
 
 soak() {  # 1,000 requests: methods, threads and asyncio tasks, abandoned and cancelled streams,
@@ -135,15 +143,17 @@ soak() {  # 1,000 requests: methods, threads and asyncio tasks, abandoned and ca
 
 grammar() {  # time per output token with a grammar that allows any text, against none
   $BENCH --grammar-cost --n 100 --threads 1 --max-new-tokens 128 \
-    --methods single,token,safe,specem --out "$OUT/grammar"
+    --methods single,token,specem --config "safe=safe:preset=paper" --out "$OUT/grammar"
 }
 
 tool() {  # tool use: each single model and method, with the grammar and with the prompt only
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 \
-    --methods single,token,safe,specem --out "$OUT/tool"
+    --methods single,token,safe,specem,rerank \
+    --config "safe (paper preset)=safe:preset=paper" --out "$OUT/tool"
 }
 
 case "${1:-all}" in
+  headroom) headroom ;;
   main) main ;;
   safe) safe ;;
   kv) kv ;;
@@ -153,7 +163,7 @@ case "${1:-all}" in
   soak) soak ;;
   grammar) grammar ;;
   tool) tool ;;
-  all) main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool ;;
-  *) echo "usage: $0 [main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]" >&2
+  all) headroom; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool ;;
+  *) echo "usage: $0 [headroom|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]" >&2
      exit 2 ;;
 esac

@@ -8,6 +8,7 @@ from .ensemble import Ensemble
 from .errors import (
     ChatTemplateError,
     ContextWindowError,
+    EnsembleBusyError,
     EnsembleError,
     InvalidConfigError,
     InvalidMessagesError,
@@ -16,6 +17,7 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     NotCausalLMError,
+    RequestCancelled,
     ServerError,
     TokenizerMismatchError,
 )
@@ -31,6 +33,7 @@ __all__ = [
     "Delta",
     "Draft",
     "Ensemble",
+    "EnsembleBusyError",
     "EnsembleError",
     "GenerationConfig",
     "HFMember",
@@ -45,6 +48,7 @@ __all__ = [
     "Output",
     "Remote",
     "RemoteMember",
+    "RequestCancelled",
     "ServerError",
     "Stats",
     "TokenizerMismatchError",

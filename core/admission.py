@@ -5,23 +5,34 @@ model), up to `max_concurrency` at a time. Beyond that a request waits in a queu
 `max_queue` requests, for at most `queue_timeout` seconds; a full queue or a timeout is an
 `EnsembleBusyError` at once, never a hang. A request started from inside another one on the
 same thread (a `generate` in an `on_event` callback) does not queue behind its own parent.
+
+A stream that was dropped without being closed frees its slot when Python collects it: at once
+when nothing refers to it, at Python's next full garbage collection when it sits in a reference
+cycle (an object holding the stream that the stream's callback holds, say), which may be long
+in coming. So a request that finds every slot taken while some stream has sat between two
+deltas for a second or more (garbage always has) runs that collection itself, and a waiting
+request retries each second: a slot held only by garbage does not make a request fail, or wait
+more than a few seconds. A full collection stalls every thread of the process for a moment
+(milliseconds per hundred thousand live objects), so there is at most one every 5 seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import gc
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-
-import torch
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 
 from .batching import request_threads
 from .errors import EnsembleBusyError, InvalidConfigError
+from .kv import free_bytes
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
+_IDLE_SECONDS = 1.0  # a stream this long between deltas may be garbage in a reference cycle
+_RECLAIM_SECONDS = 5.0  # at most one garbage collection this often, when every slot is taken
 _MEMORY_SHARE = 0.5  # of the memory free at load time, what concurrent requests' caches may use
 
 
@@ -30,15 +41,37 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
-        self._changed = threading.Condition()
+        lock = threading.RLock()
+        self._changed = threading.Condition(lock)  # a slot freed: wakes one queued request
+        self._counted = threading.Condition(lock)  # any count moved: wakes every watcher
         self._running = 0
         self._waiting = 0
         self._quick = False  # this admission holds the quick switch interval
         self._inside = threading.local()  # set while this thread runs one of our requests
+        self._reclaimed = -_RECLAIM_SECONDS  # when a full admission last collected garbage
+        # streams between two deltas (their consumer has them) -> since when
+        self._paused: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
 
     @property
     def running(self) -> int:
+        """Requests running now."""
         return self._running
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in the queue for a slot now."""
+        return self._waiting
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until `condition()` (which reads `running` and `waiting`) holds, rechecked each
+        time a count changes; False if `timeout` seconds pass first. For monitors and tests
+        that must see a request start, queue or finish without polling."""
+        with self._counted:
+            return self._counted.wait_for(condition, timeout)
+
+    def _moved(self) -> None:
+        """A count changed (called under the lock)."""
+        self._counted.notify_all()
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
@@ -50,6 +83,7 @@ class Admission:
             with self._changed:
                 self._running -= 1
                 self._changed.notify()
+                self._moved()
                 self._follow_load()
 
     def _follow_load(self) -> None:
@@ -73,12 +107,46 @@ class Admission:
         finally:
             self._inside.depth = outer
 
+    def pause(self, stream: object) -> None:
+        """`stream` holds a slot and waits for its consumer (it just gave a delta)."""
+        with self._changed:
+            self._paused[stream] = time.monotonic()
+
+    def resume(self, stream: object) -> None:
+        """`stream` runs again, or is closed."""
+        with self._changed:
+            self._paused.pop(stream, None)
+
+    def _reclaim(self) -> None:
+        """Every slot is taken: when a stream has been paused long enough to be garbage, collect
+        garbage (at most once every 5 s), so streams dropped in a reference cycle run their
+        finalisers and free their slots now."""
+        now = time.monotonic()
+        with self._changed:
+            idle = any(now - since >= _IDLE_SECONDS for since in self._paused.values())
+            if not idle or now - self._reclaimed < _RECLAIM_SECONDS:
+                return
+            self._reclaimed = now
+        gc.collect()
+
+    def _take(self, nested: bool = False) -> bool:
+        """Take a free slot if there is one, or any slot for a nested request (called under
+        the lock)."""
+        if not nested and self._running >= self.max_concurrency:
+            return False
+        self._running += 1
+        self._moved()
+        self._follow_load()
+        return True
+
     def _acquire(self) -> None:
         nested = getattr(self._inside, "depth", 0) > 1  # this request runs inside another
         with self._changed:
-            if nested or self._running < self.max_concurrency:
-                self._running += 1
-                self._follow_load()
+            if self._take(nested):
+                return
+        self._reclaim()  # outside the lock: a collected stream takes it to free its slot
+        with self._changed:
+            if self._take():
                 return
             if self._waiting >= self.max_queue:
                 raise EnsembleBusyError(
@@ -88,18 +156,23 @@ class Admission:
                     "max_queue when building the Ensemble."
                 )
             self._waiting += 1
-            deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
-            try:
-                with request_threads.parked():  # waiting for a slot: no pass will come from it
-                    self._wait_for_slot(deadline)
-                self._running += 1
-                self._follow_load()
-            finally:
+            self._moved()
+        deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
+        try:
+            with request_threads.parked():  # waiting for a slot: no pass will come from it
+                while not self._wait_for_slot(deadline):
+                    self._reclaim()
+        finally:
+            with self._changed:
                 self._waiting -= 1
+                self._moved()
 
-    def _wait_for_slot(self, deadline: float | None) -> None:
-        """Under the lock, until a slot is free (or the queue timeout has passed)."""
-        while self._running >= self.max_concurrency:
+    def _wait_for_slot(self, deadline: float | None) -> bool:
+        """Wait up to a second for a free slot and take it (False: none yet); past the queue
+        timeout, `EnsembleBusyError`."""
+        with self._changed:
+            if self._take():
+                return True
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise EnsembleBusyError(
@@ -107,7 +180,8 @@ class Admission:
                     f"s (max_concurrency={self.max_concurrency}); retry later, or raise "
                     "queue_timeout / max_concurrency when building the Ensemble."
                 )
-            self._changed.wait(left)
+            self._changed.wait(_IDLE_SECONDS if left is None else min(left, _IDLE_SECONDS))
+            return self._take()
 
 
 class _SwitchInterval:
@@ -163,41 +237,16 @@ def check_admission(max_concurrency, max_queue, queue_timeout) -> None:
 
 
 def default_concurrency(members: Sequence) -> int:
-    """As many requests as half the free memory can hold caches for, each at its members' full
-    context windows (at least 1, at most 64). Remote members hold nothing here."""
+    """As many requests as half the memory free now can hold keys and values for, each at its
+    members' full context windows (at least 1, at most 64), from each model's measured bytes
+    per cached position. Remote members hold nothing here."""
     per_request: dict[str, int] = {}
     for member in members:
-        model = getattr(member, "model", None)
-        if model is None:
-            continue
-        device = str(getattr(member, "device", "cpu"))
-        per_request[device] = per_request.get(device, 0) + _cache_bytes(member)
+        per_token = getattr(member, "kv_bytes_per_token", 0)
+        if per_token:
+            device = str(member.device)
+            per_request[device] = per_request.get(device, 0) + per_token * member.context_window
     limit = _MAX_DEFAULT
     for device, need in per_request.items():
-        if need > 0:
-            limit = min(limit, int(_MEMORY_SHARE * _free_bytes(device) // need))
+        limit = min(limit, int(_MEMORY_SHARE * free_bytes(device) // need))
     return max(1, limit)
-
-
-def _cache_bytes(member) -> int:
-    """Key/value bytes of one request at the member's full context window."""
-    config = member.model.config.get_text_config()
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 1)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 1)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
-    head_dim = getattr(config, "head_dim", None) or (hidden // heads if heads else 0)
-    size = torch.finfo(member.dtype).bits // 8 if member.dtype.is_floating_point else 4
-    return 2 * layers * kv_heads * head_dim * size * member.context_window
-
-
-def _free_bytes(device: str) -> int:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.mem_get_info(torch.device(device))[0]
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as info:
-        for line in info:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return 8 << 30

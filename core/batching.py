@@ -1,13 +1,14 @@
 """Forward passes of concurrent requests on one loaded model, run as one batched pass.
 
-A forward pass of a small model costs nearly the same for one row as for eight (on a CPU the
-per-call work of the layers dominates; on a GPU a decode step is bound by reading the weights), so
-requests that share a model gain most by sharing its passes. Each request keeps its own key/value
-tensors (a `Pass` carries them in and the grown ones out: nothing here outlives the call), and a
-`Batcher` per model gathers the passes that arrive while another batch runs and runs them as one:
-past keys right-padded to a common length, new tokens after the padding, one 4-D attention mask
-that lets every row see only its own past (and, for verify-in-line scoring, only the blocks it
-may see), position ids per row.
+A forward pass costs nearly the same for one row as for eight (on a CPU the per-call work of the
+layers dominates a small model; on a GPU a decode step is bound by reading the weights), so
+requests that share a model gain most by sharing its passes. Their keys and values live in the
+model's `KVStore` (`core.kv`), one row per request: a batched pass runs over a range of rows in
+place, each request's new tokens written at its own row's positions, one 4-D attention mask
+built from the rows' lengths keeping each request to its own past (and, for verify-in-line
+scoring, to the blocks it may see), position ids per row. Nothing is padded, gathered or copied
+back. A model the store cannot serve (`KVStore` explains which) runs each pass alone, on the
+request's own `KVPrefix`.
 
 No thread is added: the first request thread to arrive runs the batch (the leader), later
 arrivals wait; when the leader's own pass is done it hands its role to a waiting thread. Before
@@ -17,7 +18,7 @@ waiting for a slot, is parked), for a bounded time: twice the longer of a mean p
 stretch of a request's Python between two passes. A batch that waited for them costs little
 more than a lone pass, a batch that left them out costs them a whole pass; and while the leader
 waits, the interpreter runs their Python, which one interpreter lock would serialise anyway. A
-lone request has nobody to wait for, and runs its pass at once, in its own thread, no padding.
+lone request has nobody to wait for, and runs its pass at once, in its own thread.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
+
+from .kv import KVStore, probe_layout
 
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, values [1, H, T, D]
 
@@ -145,7 +147,9 @@ request_threads = RequestThreads()
 
 @dataclass
 class Pass:
-    """One forward pass a request asks for: feed `ids` after `past_len` cached positions.
+    """One forward pass a request asks for: feed `ids` after `past_len` cached positions, held in
+    the store's `row` (their keys and values are written there, at past_len onwards) or, for a
+    model without a store, in `past` (the grown tensors come back in `present`).
 
     `allowed[i, j]` says whether new token i may attend to position j of past + new (None: plain
     causal attention over everything); `positions` are the new tokens' position ids (None: right
@@ -153,6 +157,7 @@ class Pass:
 
     ids: list[int]
     keep: list[int]
+    row: int | None = None  # the request's row in the model's KVStore (None: `past` instead)
     past: Layers | None = None
     past_len: int = 0
     allowed: torch.Tensor | None = None
@@ -185,11 +190,14 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Batcher:
     """Runs `Pass`es on one model; concurrent passes are batched. Thread-safe."""
 
-    def __init__(self, model, batched: bool = True) -> None:
+    def __init__(self, model) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.batched = batched  # the attention kernel takes a custom 4-D mask
+        # what the model caches per position, and why a store cannot serve it (None: it can)
+        self.layout, self.unsupported = probe_layout(model)
+        self.store = None if self.unsupported else KVStore(self.layout, self.device)
+        self.batched = self.store is not None
         self._lock = threading.Lock()
         self._lane = _lane_for(self.device)
         self._queue: list[_Ticket] = []
@@ -271,14 +279,24 @@ class Batcher:
             request_threads.wait_for_passes(patience)
 
     def _pick(self, own: _Ticket) -> list[_Ticket]:
-        """The leader's own pass first, then others of a similar size."""
-        n = len(own.job.ids)
+        """The leader's own pass first, then others of a similar size whose rows lie near its
+        own: a pass runs over the range of rows between its lowest and highest, so at least
+        half of that range must be rows it serves."""
+        if not self.batched:
+            return [own]
+        n, lo, hi = len(own.job.ids), own.job.row, own.job.row
         batch = [own]
-        if self.batched:
-            for ticket in self._queue:
-                m = len(ticket.job.ids)
-                if ticket is not own and len(batch) < _MAX_ROWS and _similar(n, m):
-                    batch.append(ticket)
+        near = sorted(
+            (t for t in self._queue if t is not own and _similar(n, len(t.job.ids))),
+            key=lambda t: abs(t.job.row - own.job.row),
+        )
+        for ticket in near:
+            if len(batch) == _MAX_ROWS:
+                break
+            low, high = min(lo, ticket.job.row), max(hi, ticket.job.row)
+            if high - low + 1 <= 2 * (len(batch) + 1):
+                batch.append(ticket)
+                lo, hi = low, high
         return batch
 
     def _execute(self, batch: list[_Ticket]) -> None:
@@ -298,10 +316,10 @@ class Batcher:
                     ticket.fail(alone)
 
     def _run(self, batch: list[_Ticket]) -> None:
-        if len(batch) == 1:
-            self._run_one(batch[0].job)
+        if self.batched:
+            self._run_rows([t.job for t in batch])
         else:
-            self._run_many([t.job for t in batch])
+            self._run_one(batch[0].job)
 
     # --- running passes ------------------------------------------------------------------------
 
@@ -332,90 +350,60 @@ class Batcher:
         job.present = tuple((layer.keys, layer.values) for layer in cache.layers)
         self.rows += 1
 
-    def _run_many(self, jobs: Sequence[Pass]) -> None:
-        """One pass for many requests. Each row: its past right-padded to the longest, its new
-        tokens after the padding. Built with a few whole-batch tensor operations: on a small
-        model the per-row tensor calls of building the batch cost as much as the pass."""
-        rows, longest = len(jobs), max(j.past_len for j in jobs)
+    def _run_rows(self, jobs: Sequence[Pass]) -> None:
+        """One pass over the store's rows lo..hi-1 for the jobs' requests, in place. Each
+        request's new ids fill the start of its row of the batch; the rest of the row is
+        padding, as are rows between requests (another request's, or free), which see one
+        position and write nothing."""
+        store = self.store
+        lo, hi = min(j.row for j in jobs), max(j.row for j in jobs) + 1
         width = max(len(j.ids) for j in jobs)
-        ids = torch.tensor([j.ids + [0] * (width - len(j.ids)) for j in jobs])
-        positions = torch.tensor([_positions(j, width) for j in jobs])
-        allowed = _batch_mask(jobs, longest, width)
+        columns = max(j.past_len + len(j.ids) for j in jobs)
+        ids = [[0] * width for _ in range(hi - lo)]
+        positions = [[0] * width for _ in range(hi - lo)]
+        past, sizes, writes = [0] * (hi - lo), [0] * (hi - lo), []
+        for job in jobs:
+            b, n = job.row - lo, len(job.ids)
+            own = job.positions or range(job.past_len, job.past_len + n)
+            ids[b][:n] = job.ids
+            positions[b] = [*own, *[own[-1]] * (width - n)]
+            past[b], sizes[b] = job.past_len, n
+            writes.append((job.row, job.past_len, n, b))
         keep = sorted({k for job in jobs for k in job.keep})
         at = {k: i for i, k in enumerate(keep)}
-        cache = _cache(self._padded_past(jobs, longest))
-        logits = self._call(
-            ids,
-            cache,
-            keep,
-            attention_mask=_additive(allowed, self.dtype).to(self.device),
-            position_ids=positions.to(self.device),
-        )
+        allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
+        with store.lock:
+            store.fit(columns)
+            logits = self._call(
+                torch.tensor(ids),
+                store.pass_cache(lo, hi, columns, writes),
+                keep,
+                attention_mask=_additive(allowed, self.dtype),
+                position_ids=torch.tensor(positions, device=self.device),
+            )
+        logits = logits[[job.row - lo for job in jobs]]
         soft = None if all(j.raw for j in jobs) else torch.log_softmax(logits, dim=-1)
         for b, job in enumerate(jobs):
             job.rows = (logits if job.raw else soft)[b, [at[k] for k in job.keep]]
-            # the row's own positions: its past, then its new tokens (one copy per tensor)
-            end, device = longest + len(job.ids), self.device
-            span = torch.cat(
-                [
-                    torch.arange(job.past_len, device=device),
-                    torch.arange(longest, end, device=device),
-                ]
-            )
-            job.present = tuple(
-                (layer.keys[b].index_select(1, span)[None],
-                 layer.values[b].index_select(1, span)[None])
-                for layer in cache.layers
-            )  # fmt: skip
-        self.rows += rows
-
-    @staticmethod
-    def _padded_past(jobs: Sequence[Pass], longest: int) -> Layers | None:
-        if longest == 0:
-            return None
-        template = next(j.past for j in jobs if j.past)
-        layers = []
-        for index, (keys, values) in enumerate(template):
-            padded = []
-            for tensor, at in ((keys, 0), (values, 1)):
-                empty = tensor.new_zeros((1, tensor.shape[1], longest, tensor.shape[3]))
-                padded.append(
-                    torch.cat(
-                        [
-                            empty
-                            if not job.past_len
-                            else F.pad(job.past[index][at], (0, 0, 0, longest - job.past_len))
-                            for job in jobs
-                        ]
-                    )
-                )
-            layers.append(tuple(padded))
-        return tuple(layers)
+        self.rows += len(jobs)
 
 
-def _positions(job: Pass, width: int) -> list[int]:
-    """The row's position ids, its padding repeating the last one."""
-    own = job.positions or list(range(job.past_len, job.past_len + len(job.ids)))
-    return own + own[-1:] * (width - len(own))
-
-
-def _batch_mask(jobs: Sequence[Pass], longest: int, width: int) -> torch.Tensor:
-    """[rows, 1, width, longest + width]: which positions each row's new tokens may attend to.
-    Plain causal rows (most) are built for the whole batch at once: a row's past at columns
-    [0, past), its new tokens causally from column `longest`; padding tokens see themselves
-    only. Rows with their own mask (verify-in-line scoring) are written one by one."""
-    column = torch.arange(longest + width)
-    token = torch.arange(width)[:, None]
-    past = torch.tensor([j.past_len for j in jobs])[:, None, None]
-    real = token[None] < torch.tensor([len(j.ids) for j in jobs])[:, None, None]
-    causal = (column >= longest) & (column - longest <= token)  # [width, columns]
-    allowed = torch.where(real, (column < past) | causal, column - longest == token)
-    for b, job in enumerate(jobs):
-        n = len(job.ids)
+def _rows_mask(jobs, lo, past, sizes, width, columns, device) -> torch.Tensor:
+    """[rows, 1, width, columns]: which positions each new id of a pass over store rows may
+    attend to. A plain row's new id i sees its row's first past + i + 1 positions (its past,
+    then its new ids causally: they are written right after the past); padding sees position 0
+    only. Rows with their own pattern (verify-in-line scoring, branches) are written in."""
+    column = torch.arange(columns, device=device)
+    token = torch.arange(width, device=device)[:, None]
+    allowed = column <= torch.tensor(past, device=device)[:, None, None] + token
+    if min(sizes) < width:  # padding: ids past a row's own, rows between requests
+        real = token[None] < torch.tensor(sizes, device=device)[:, None, None]
+        allowed = torch.where(real, allowed, column == 0)
+    for job in jobs:
         if job.allowed is not None:
+            b, n = job.row - lo, len(job.ids)
             allowed[b, :n] = False
-            allowed[b, :n, : job.past_len] = job.allowed[:, : job.past_len]
-            allowed[b, :n, longest : longest + n] = job.allowed[:, job.past_len :]
+            allowed[b, :n, : job.past_len + n] = job.allowed.to(device)
     return allowed[:, None]
 
 
@@ -462,12 +450,12 @@ def _lane_for(device: torch.device) -> threading.Lock:
         return _lanes.setdefault(str(device), threading.Lock())
 
 
-def batcher_for(model, batched: bool) -> Batcher:
-    """The one batcher of a loaded model: members that share weights share it. It lives on the
-    model object, so it goes when the model goes."""
+def batcher_for(model) -> Batcher:
+    """The one batcher (and key/value store) of a loaded model: members that share weights
+    share it. It lives on the model object, so it goes when the model goes."""
     with _registry_lock:
         found = model.__dict__.get("_ensemble_batcher")
         if found is None:
-            found = Batcher(model, batched)
+            found = Batcher(model)
             model.__dict__["_ensemble_batcher"] = found
         return found

@@ -9,20 +9,25 @@ it folded into a user turn instead of failing the request.
 Tool use follows the same idea. Each member gets the tools through its own template
 (`apply_chat_template(..., tools=...)`) where the template renders them, and as a system block
 (the tools' JSON) where it ignores them; either way the same short instruction states the one
-canonical call syntax of `core.tools`. Past calls and tool results go to a template natively
+canonical call syntax of `core.tool_calls`. Past calls and tool results go to a template natively
 when it knows tool calls; otherwise the calls become their canonical text in the assistant turn
 and each result a `<tool_response>` block in a user turn. The instruction texts live here, in
 one place, because the testbed models are trained on exactly this rendering.
+
+A member's prompt ids come from `prompt_ids`: only the template's own markup becomes control
+tokens, so text in a message that spells `<|im_end|>` stays that text.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ChatTemplateError, InvalidConfigError, InvalidMessagesError
-from .tools import format_tool_call, format_tool_calls
+from .tool_calls import MAX_ARGUMENT_DEPTH, format_tool_call, format_tool_calls
+from .tools import ToolSpec
+from .validate import json_depth
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"human": "user", "ai": "assistant", "model": "assistant", "function": "tool"}
@@ -41,10 +46,10 @@ TOOL_RESPONSE_CLOSE = "\n</tool_response>"
 TOOL_RESPONSE_SEPARATOR = "\n"  # between consecutive results folded into one user turn
 
 
-def tools_system_block(tools: Sequence[Mapping[str, Any]]) -> str:
+def tools_system_block(tools: Sequence[ToolSpec]) -> str:
     """What a member whose template ignores `tools` reads: one JSON line per tool (the function
-    part of each OpenAI spec), then the call instruction."""
-    lines = [json.dumps(dict(tool["function"]), ensure_ascii=False) for tool in tools]
+    part of its OpenAI spec), then the call instruction."""
+    lines = [json.dumps(tool.to_openai()["function"], ensure_ascii=False) for tool in tools]
     return "\n".join([TOOLS_HEADER, *lines]) + "\n\n" + TOOLS_INSTRUCTION
 
 
@@ -126,7 +131,7 @@ def _tool_calls(raw: Any, index: int) -> list[dict[str, Any]]:
         elif isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError as error:
+            except (ValueError, RecursionError) as error:  # too deep, or too many digits too
                 raise InvalidMessagesError(
                     f"{where} ({name!r}) has arguments that are not valid JSON ({error}); "
                     f"{_CALL_SHAPE}."
@@ -135,6 +140,11 @@ def _tool_calls(raw: Any, index: int) -> list[dict[str, Any]]:
             raise InvalidMessagesError(
                 f"{where} ({name!r}) has arguments {arguments!r}; they must be a JSON object "
                 f"(a dict): {_CALL_SHAPE}."
+            )
+        if json_depth(arguments) > MAX_ARGUMENT_DEPTH:
+            raise InvalidMessagesError(
+                f"{where} ({name!r}) has arguments nested {json_depth(arguments)} levels deep; "
+                f"at most {MAX_ARGUMENT_DEPTH} are read."
             )
         try:
             _utf8(name + json.dumps(arguments, ensure_ascii=False), where)
@@ -290,50 +300,6 @@ def _with_system_text(messages: list[Message], text: str) -> list[Message]:
 # --------------------------------------------------------------------------- tools and schemas
 
 
-def _tool_specs(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise InvalidConfigError(
-            f"tools is a {type(tools).__name__}; pass a list of OpenAI-style specs: "
-            "[{'type': 'function', 'function': {'name': ..., 'description': ..., "
-            "'parameters': {JSON schema}}}]."
-        )
-    specs = []
-    for k, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        if (
-            not isinstance(function, Mapping)
-            or not isinstance(function.get("name"), str)
-            or tool.get("type", "function") != "function"
-        ):
-            raise InvalidConfigError(
-                f"tool {k} is {tool!r}; pass OpenAI-style specs: {{'type': 'function', "
-                "'function': {'name': ..., 'description': ..., 'parameters': {JSON schema}}}."
-            )
-        try:
-            _utf8(json.dumps(tool, ensure_ascii=False), f"tool {k}")
-        except (TypeError, InvalidMessagesError) as error:
-            raise InvalidConfigError(f"tool {k} is not JSON text: {error}") from None
-        specs.append({"type": "function", "function": dict(function)})
-    return specs
-
-
-def _schema(response_format: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if response_format is None:
-        return None
-    if not isinstance(response_format, Mapping):
-        raise InvalidConfigError(
-            f"response_format is a {type(response_format).__name__}; pass a JSON schema dict "
-            "(e.g. {'type': 'object', 'properties': {'answer': {'type': 'integer'}}}) or None."
-        )
-    try:
-        _utf8(json.dumps(response_format, ensure_ascii=False), "response_format")
-    except (TypeError, InvalidMessagesError) as error:
-        raise InvalidConfigError(f"response_format is not JSON text: {error}") from None
-    return dict(response_format)
-
-
 _PROBE_CALL = {"name": "probe_tool", "arguments": {"probe_argument": "probe-value"}}
 _PROBE = [
     {"role": "user", "content": "probe-question"},
@@ -364,13 +330,20 @@ def _has_tool_use(messages: list[Message]) -> bool:
 
 
 def _render(tokenizer, messages: list[Message], member: str, tools: list | None = None) -> str:
+    return _fitted(tokenizer, messages, member, tools)[1]
+
+
+def _fitted(
+    tokenizer, messages: list[Message], member: str, tools: list | None = None
+) -> tuple[list[Message], str]:
+    """The first form of the messages the template accepts, and its rendering."""
     attempts = [messages]
     for fix in (_fold_system, tool_use_as_text, _starts_with_user):
         attempts.append(fix(attempts[-1]))
     first_error: Exception | None = None
     for attempt in attempts:
         try:
-            return tokenizer.apply_chat_template(
+            return attempt, tokenizer.apply_chat_template(
                 attempt, tools=tools, tokenize=False, add_generation_prompt=True
             )
         except Exception as error:  # jinja raise_exception / TemplateError: try the next form
@@ -382,23 +355,23 @@ def _render(tokenizer, messages: list[Message], member: str, tools: list | None 
     )
 
 
-def render_prompt(
+def _prepared(
     tokenizer,
     messages: list[Message],
     member: str,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    response_format: Mapping[str, Any] | None = None,
-) -> str:
-    """The member's prompt text, ending with its assistant header (generation prompt).
-
-    `tools`: OpenAI-style specs; `response_format`: a JSON schema the reply should follow."""
+    tools: Sequence[ToolSpec],
+    response_format: Mapping[str, Any] | None,
+) -> tuple[list[Message], list[dict[str, Any]] | None]:
+    """The messages with the tool and answer instructions added, and the tools to hand the
+    template as OpenAI-style dicts (None where it does not render them: they are in the system
+    text then)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
             f"member {member!r} has no chat template; use a chat/instruct model, or give the "
             "model directory one (chat_template.jinja, or 'chat_template' in "
             "tokenizer_config.json)."
         )
-    specs, schema = _tool_specs(tools), _schema(response_format)
+    specs = [tool.to_openai() for tool in tools]
     if _has_tool_use(messages) and not knows_tool_calls(tokenizer):
         messages = tool_use_as_text(messages)
     native = bool(specs) and _render(tokenizer, messages, member, specs) != _render(
@@ -406,9 +379,95 @@ def render_prompt(
     )
     extra = []
     if specs:
-        extra.append(TOOLS_INSTRUCTION if native else tools_system_block(specs))
-    if schema is not None:
-        extra.append(response_format_instruction(schema))
+        extra.append(TOOLS_INSTRUCTION if native else tools_system_block(tools))
+    if response_format is not None:
+        extra.append(response_format_instruction(response_format))
     if extra:
         messages = _with_system_text(messages, "\n\n".join(extra))
-    return _render(tokenizer, messages, member, specs if native else None)
+    return messages, specs if native else None
+
+
+def render_prompt(
+    tokenizer,
+    messages: list[Message],
+    member: str,
+    tools: Sequence[ToolSpec] = (),
+    response_format: Mapping[str, Any] | None = None,
+) -> str:
+    """The member's prompt text, ending with its assistant header (generation prompt).
+
+    `tools` and `response_format` (a JSON schema the reply should follow) as
+    `GenerationConfig` checked them: the template gets the tools as OpenAI-style dicts."""
+    messages, native_tools = _prepared(tokenizer, messages, member, tools, response_format)
+    return _render(tokenizer, messages, member, native_tools)
+
+
+def prompt_ids(
+    tokenizer,
+    messages: list[Message],
+    member: str,
+    tools: Sequence[ToolSpec] = (),
+    response_format: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The member's prompt as token ids (the text `render_prompt` gives), where only the chat
+    template's own markup becomes control tokens.
+
+    A control token's text inside a message, a tool or a schema (a tool result or a retrieved
+    document holding `<|im_end|><|im_start|>user`) is encoded as plain text, so it cannot end a
+    turn or open one. This is transformers' `sanitize_control_tokens`: the tokenizer's special
+    tokens, and the added tokens the template itself writes (Qwen's `<tool_call>`), are marked
+    in every string value before rendering and encoded as text after. Dict keys are not
+    marked, so a key holding a control token is refused here."""
+    messages, native_tools = _prepared(tokenizer, messages, member, tools, response_format)
+    messages, _ = _fitted(tokenizer, messages, member, native_tools)
+    _check_keys(tokenizer, member, messages, native_tools)
+    try:
+        return list(
+            tokenizer.apply_chat_template(
+                messages,
+                tools=native_tools,
+                tokenize=True,
+                sanitize_control_tokens=True,
+                return_dict=False,
+                add_generation_prompt=True,
+            )
+        )
+    except ValueError as error:  # a control token the vocabulary also spells from plain text
+        raise ChatTemplateError(
+            f"member {member!r}: the messages hold text its tokenizer cannot keep apart from "
+            f"its chat template's control tokens ({error}); remove that text from the messages."
+        ) from None
+
+
+def _keys(value: Any) -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            yield from _keys(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _keys(item)
+
+
+def _check_keys(tokenizer, member: str, messages: list[Message], tools: list | None) -> None:
+    """Refuse a dict key (a tool call's argument name, a tool's parameter name) holding a
+    control token (a special token, or an added token the template writes): keys reach the
+    template as they are, unmarked."""
+    template = str(tokenizer.chat_template)
+    control = [
+        t.content
+        for t in tokenizer.added_tokens_decoder.values()
+        if t.content.strip() and (t.special or t.content in template)
+    ]
+    arguments = [c["function"]["arguments"] for m in messages for c in m.get("tool_calls", ())]
+    for what, value, error in (
+        ("a tool call's arguments", arguments, InvalidMessagesError),
+        ("a tool's parameters", tools, InvalidConfigError),
+    ):
+        for key in _keys(value):
+            token = next((t for t in control if t in key), None)
+            if token is not None:
+                raise error(
+                    f"{what} use the key {key!r}, which holds {token!r}, a control token of "
+                    f"member {member!r}'s tokenizer; rename the key."
+                )

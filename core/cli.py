@@ -1,5 +1,6 @@
-"""`llm-ensembling demo | generate | bench | soak`: argument parsing, then one call into the
-engine (demo, generate) or into the benchmarks (`core.bench.commands`)."""
+"""`llm-ensembling demo | generate | bench | soak | serve`: argument parsing, then one call into
+the engine (demo, generate), the benchmarks (`core.bench.commands`) or the server
+(`core.serve.command`)."""
 
 from __future__ import annotations
 
@@ -9,75 +10,17 @@ import sys
 from collections.abc import Sequence
 
 from .bench.commands import add_commands
+from .cli_options import parse_options
 from .errors import EnsembleError, InvalidConfigError
-
-
-def _available_methods() -> list[str]:
-    from .methods import METHOD_NAMES, method_class
-
-    available = []
-    for name in METHOD_NAMES:
-        try:
-            method_class(name)
-            available.append(name)
-        except InvalidConfigError:
-            pass
-    return available
-
-
-def _options(pairs: Sequence[str]) -> dict:
-    from .bench.setups import parse_value
-
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise InvalidConfigError(f"--option {pair!r}: use key=value, e.g. aggregator=gac.")
-        options[key] = parse_value(value)
-    return options
+from .methods import DEFAULT_METHOD
+from .serve.command import add_command as add_serve_command
 
 
 def demo(args: argparse.Namespace) -> None:
-    from tqdm.auto import tqdm
+    from .demo import run
 
-    from . import Ensemble, GenerationConfig, HFMember
-    from .testbed import check_answer, make_problems, model_paths
-
-    paths = model_paths()
-    members = [
-        HFMember.load(p, device="cpu") for p in tqdm(paths, desc="loading models", unit="model")
-    ]
-    print("members:", ", ".join(f"{i}: {m.name}" for i, m in enumerate(members)))
-    methods = args.methods.split(",") if args.methods else _available_methods()
-    setups = []
-    for method in methods:
-        if method == "single":
-            setups += [(f"single {m.name}", Ensemble([m], "single")) for m in members]
-        elif method == "token":  # the baseline as published, and the variant that holds up here
-            setups.append(("token (UniTE as published)", Ensemble(members, "token")))
-            setups.append(("token, first sub-token", Ensemble(members, "token", subtoken="first")))
-        else:
-            setups.append((method, Ensemble(members, method)))
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    totals = {label: 0 for label, _ in setups}
-    problems = make_problems(args.n, seed=args.seed, form="cot")
-    for number, problem in enumerate(problems, 1):
-        print(f"\n=== problem {number}: {problem.question}  (answer {problem.answer})")
-        for label, ensemble in setups:
-            out = ensemble.generate(problem.messages, config)
-            ok = check_answer(out.text, problem)
-            totals[label] += ok
-            stats = out.stats
-            per_token = 1000 * stats.seconds / max(stats.tokens, 1)
-            print(f"--- {label}: {'right' if ok else 'wrong'}")
-            print("   ", out.text.strip().replace("\n", "\n    "))
-            print(
-                f"    [{stats.tokens} tokens, E/T {100 * stats.ensemble_rate:.0f} %, "
-                f"{per_token:.1f} ms/token]"
-            )
-    print("\naccuracy on these problems:")
-    for label, right in totals.items():
-        print(f"  {label:28s} {right}/{len(problems)}")
+    methods = [m for m in args.methods.split(",") if m]
+    run(n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, methods=methods)
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -91,7 +34,7 @@ def generate(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=args.dtype,
         progress=True,
-        **_options(args.option),
+        **parse_options(args.option),
     )
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
@@ -126,9 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="the shipped tiny models on a few problems (offline, CPU)")
-    p.add_argument("--methods", default="", help="comma-separated (default: all available)")
-    p.add_argument("--n", type=int, default=3)
+    p = sub.add_parser(
+        "demo",
+        help="each shipped model alone against the default ensemble on held-out problems: "
+        "accuracy, the ceiling, and one problem the ensemble decides (offline, CPU)",
+    )
+    p.add_argument(
+        "--methods", default="", help="more methods to show, at their defaults (comma-separated)"
+    )
+    p.add_argument("--n", type=int, default=60)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=120)
     p.set_defaults(func=demo)
@@ -136,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="stream one answer from an ensemble")
     p.add_argument("prompt")
     p.add_argument("--model", action="append", default=[], help="repeat for each member")
-    p.add_argument("--method", default="safe")
+    p.add_argument("--method", default=DEFAULT_METHOD)
     p.add_argument("--option", action="append", default=[], help="method option key=value")
     p.add_argument("--system", default="")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -150,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=generate)
 
     add_commands(sub)
+    add_serve_command(sub)
     return parser
 
 
@@ -158,11 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
-        args.func(args)
+        return int(args.func(args) or 0)
     except EnsembleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

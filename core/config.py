@@ -7,14 +7,8 @@ from typing import Any
 
 from .events import Event
 from .grammar import Constraint, build_constraint
-from .tools import (
-    InvalidToolCall,
-    ToolCall,
-    ToolSpec,
-    normalize_response_format,
-    normalize_tool_choice,
-    normalize_tools,
-)
+from .tool_calls import InvalidToolCall, ToolCall
+from .tools import ToolSpec, normalize_response_format, normalize_tool_choice, normalize_tools
 from .validate import check_bool, check_int, check_real, check_seed, check_strings
 
 
@@ -22,7 +16,8 @@ from .validate import check_bool, check_int, check_real, check_seed, check_strin
 class GenerationConfig:
     """Greedy by default; `temperature > 0` samples, reproducibly when `seed` is set.
 
-    Tools and structured output: `tools` (OpenAI-style function specs), `tool_choice` ("auto",
+    Tools and structured output: `tools` (`core.tools.ToolSpec`s, or OpenAI-style function
+    specs, which become ToolSpecs here), `tool_choice` ("auto",
     "none", "required" or a tool name), `parallel_tool_calls`, and `response_format` (a JSON
     schema, {"type": "json_object"} or OpenAI's {"type": "json_schema", ...}). They are checked
     and normalised here (`core.tools`), and together they make the request's grammar
@@ -79,13 +74,14 @@ class GenerationConfig:
 class Stats:
     """Per-request numbers. `tokens` counts output tokens in the committed tokenization:
     the drafter's for `single`/`safe`, one per ensembled step for `token`, the winners' for
-    `specem`.
+    `specem` and `rerank`.
 
     `ensembled_tokens` counts the output tokens an ensemble decision chose: SAFE's ensemble
-    points and `token`'s ensembled steps (one token each, a stop included), and every token of
-    a SpecEM round whose candidates were scored and voted on. E/T (`ensemble_rate`) is their
-    share of `tokens`, for every method. `ensembled_rounds` counts those SpecEM rounds (its
-    rounds are in `counts["rounds"]`: ensembled_rounds / rounds is the share it voted on)."""
+    points and `token`'s ensembled steps (one token each, a stop included), every token of
+    a SpecEM round whose candidates were scored and voted on, and every token of a `rerank`
+    answer chosen by a vote. E/T (`ensemble_rate`) is their share of `tokens`, for every
+    method. `ensembled_rounds` counts those SpecEM rounds and rerank votes (SpecEM's rounds
+    are in `counts["rounds"]`: ensembled_rounds / rounds is the share it voted on)."""
 
     tokens: int = 0
     ensembled_tokens: int = 0
@@ -94,7 +90,8 @@ class Stats:
     member_seconds: dict[str, float] = field(default_factory=dict)
     member_calls: dict[str, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # SpecEM's voting weights at the end
+    member_weights: dict[str, float] = field(default_factory=dict)  # the trust it started with
     seconds: float = 0.0
     first_delta_seconds: float | None = None
     failed: dict[str, str] = field(default_factory=dict)  # member -> why it left the request
@@ -136,6 +133,7 @@ class Stats:
             "member_calls": dict(self.member_calls),
             "counts": dict(self.counts),
             "weights": {k: round(v, 6) for k, v in self.weights.items()},
+            "member_weights": {k: round(v, 6) for k, v in self.member_weights.items()},
             "seconds": round(self.seconds, 6),
             "first_delta_seconds": (
                 None if self.first_delta_seconds is None else round(self.first_delta_seconds, 6)

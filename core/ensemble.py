@@ -21,26 +21,31 @@ a fresh view.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
+from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
-from .events import Event, GrammarForced, MemberFailed, ToolCallEvent
+from .events import Event, MemberFailed, ToolCallEvent
 from .hf_member import HFMember
 from .member import ContextOverflow, Member
-from .methods import Commit, Method, Request, build_method, check_method
+from .methods import DEFAULT_METHOD, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .remote import Remote, connect
 from .sampling import Sampler
-from .shaping import ResponseShaper
 from .sources import Models, model_sources
-from .tools import InvalidToolCall, ToolCall
+from .splitter import ResponseSplitter
+from .tool_calls import InvalidToolCall, ToolCall
+from .trust import FLOOR, LEARN, LR, PROBE_EVERY, MemberTrust, TrustView, check_options
+from .validate import check_bool
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -59,19 +64,24 @@ class Ensemble:
     def __init__(
         self,
         members: Sequence[Member],
-        method: str = "safe",
+        method: str = DEFAULT_METHOD,
         *,
         on_member_failure: str = "raise",
         max_concurrency: int | None = None,
         max_queue: int | None = None,
         queue_timeout: float | None = None,
         prefix_reuse: bool = True,
+        learn_weights: bool = LEARN,
+        weight_lr: float = LR,
+        weight_floor: float = FLOOR,
+        probe_every: int = PROBE_EVERY,
         **options: Any,
     ) -> None:
         if not members:
             raise InvalidConfigError("an ensemble needs at least one member.")
         _check_policy(on_member_failure)
         check_admission(max_concurrency, max_queue, queue_timeout)
+        prefix_reuse = check_bool("prefix_reuse", prefix_reuse)
         seen: dict[str, int] = {}
         for member in members:  # unique names: events and stats are keyed by them
             if member.name in seen:
@@ -80,11 +90,18 @@ class Ensemble:
             else:
                 seen[member.name] = 1
         self.members = list(members)
-        self.method_name = method
-        self.options = dict(options)
-        self.method = build_method(method, self.members, options)
+        self.method = method  # its name, as given; `algorithm` runs it
+        self.method_options = dict(options)
+        self.algorithm = build_method(method, self.members, options)
+        self.trust = MemberTrust(
+            [m.name for m in self.members],
+            learn=learn_weights,
+            lr=weight_lr,
+            floor=weight_floor,
+            probe_every=probe_every,
+        )
         self.on_member_failure = on_member_failure
-        self.prefix_reuse = bool(prefix_reuse)
+        self.prefix_reuse = prefix_reuse
         limit = max_concurrency or default_concurrency(self.members)
         queue = 4 * limit if max_queue is None else max_queue
         self.admission = Admission(limit, queue, queue_timeout)
@@ -93,7 +110,7 @@ class Ensemble:
     def from_pretrained(
         cls,
         models: Models,
-        method: str = "safe",
+        method: str = DEFAULT_METHOD,
         *,
         device: str | Sequence[str] = "auto",
         dtype: str | Sequence[str] = "auto",
@@ -106,11 +123,17 @@ class Ensemble:
         max_queue: int | None = None,
         queue_timeout: float | None = None,
         prefix_reuse: bool = True,
+        learn_weights: bool = LEARN,
+        weight_lr: float = LR,
+        weight_floor: float = FLOOR,
+        probe_every: int = PROBE_EVERY,
         **options: Any,
     ) -> Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
-        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the first
-        member drafts. `device`/`dtype` concern in-process members only."""
+        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the member
+        trusted most drafts (the first while all are trusted alike). `device`/`dtype` concern
+        in-process members only. `learn_weights`, `weight_lr`, `weight_floor`, `probe_every`:
+        the member trust (`core.trust`; README "Member trust")."""
         models = model_sources(models)
         if not models:
             raise InvalidConfigError(
@@ -119,6 +142,8 @@ class Ensemble:
         check_method(method, len(models), options)  # fail before loading anything
         _check_policy(on_member_failure)
         check_admission(max_concurrency, max_queue, queue_timeout)
+        check_bool("prefix_reuse", prefix_reuse)
+        check_options(learn_weights, weight_lr, weight_floor, probe_every)
         devices = _per_member(device, len(models), "device")
         dtypes = _per_member(dtype, len(models), "dtype")
         labels = _per_member(names, len(models), "names") if names else [None] * len(models)
@@ -148,11 +173,15 @@ class Ensemble:
             max_queue=max_queue,
             queue_timeout=queue_timeout,
             prefix_reuse=prefix_reuse,
+            learn_weights=learn_weights,
+            weight_lr=weight_lr,
+            weight_floor=weight_floor,
+            probe_every=probe_every,
             **options,
         )
 
     @classmethod
-    def demo(cls, method: str = "safe", **kwargs: Any) -> Ensemble:
+    def demo(cls, method: str = DEFAULT_METHOD, **kwargs: Any) -> Ensemble:
         """The shipped tiny testbed models: runs offline, on CPU."""
         from .testbed import model_paths
 
@@ -175,6 +204,12 @@ class Ensemble:
         `next()`, so bad input fails at the call. Iteration waits for a request slot
         (`max_concurrency`) first; closing the stream (or dropping it) frees its slot."""
         config = self._config(config, overrides)
+        if on_event is not None and not callable(on_event):
+            raise InvalidConfigError(
+                f"on_event must be a function that takes one event, or None; got {on_event!r}"
+                f" (a {type(on_event).__name__}). Pass e.g. on_event=print, or on_event=lambda e: "
+                "print(e.to_dict())."
+            )
         return self._start(normalize_messages(messages), config, on_event)
 
     def generate(
@@ -216,21 +251,65 @@ class Ensemble:
             [d async for d in self.astream(messages, config, on_event=on_event, **overrides)]
         )
 
+    # --- member trust (core.trust) -----------------------------------------------------------
+
     @property
-    def weights(self) -> dict[str, float] | None:
-        """Voting weights carried from request to request, for methods that learn them (SpecEM
-        with `persist_weights=True`); each request's own are in its `stats.weights`."""
-        weights = getattr(self.method, "weights", None)
-        return dict(weights) if isinstance(weights, dict) else None
+    def member_weights(self) -> dict[str, float]:
+        """How far the ensemble trusts each member: weights that sum to 1, learned from its
+        own decisions across requests (`learn_weights`). Each request starts from the weights
+        as they are when it starts; they are in its `stats.member_weights`."""
+        return self.trust.weights
+
+    @property
+    def learn_weights(self) -> bool:
+        """Whether requests update `member_weights`. False freezes them: a request's text then
+        depends on that request alone."""
+        return self.trust.learn
+
+    @learn_weights.setter
+    def learn_weights(self, learn: bool) -> None:
+        self.trust.learn = check_bool("learn_weights", learn)
 
     def reset_weights(self) -> None:
-        reset = getattr(self.method, "reset_weights", None)
-        if reset is None:
-            raise InvalidConfigError(f"method {self.method_name!r} has no weights to reset.")
-        reset()
+        """Equal weights again: every method then decides exactly as it does without them."""
+        self.trust.reset()
+
+    def save_weights(self, path: str | os.PathLike) -> Path:
+        """`member_weights` as JSON, written atomically. Returns the path."""
+        return self.trust.save(path)
+
+    def load_weights(self, path: str | os.PathLike, *, freeze: bool = True) -> None:
+        """Weights from a file `save_weights` wrote. The file is checked first (member names,
+        count, finite weights above 0); a bad one raises InvalidConfigError naming it, and
+        nothing changes. `freeze=True` also stops learning, so texts are reproducible.
+        `freeze=False` keeps `learn_weights` as it is: a learning ensemble learns on from
+        the loaded weights."""
+        self.trust.load(path, freeze=freeze)
 
     def summary(self) -> dict:
-        return self.method.summary()
+        """The method, its settings and the member trust, as the next request would see them
+        (SAFE: the drafter that trust picks)."""
+        return {**self._trusted_algorithm().summary(), **self.trust.summary()}
+
+    @property
+    def active_members(self) -> list[Member]:
+        """The members the method runs, its leading one first (SAFE's drafter, `single`'s
+        member): a request starts only these (as the member trust stands now)."""
+        return list(self._trusted_algorithm().active)
+
+    @property
+    def prompt_tokenizer(self):
+        """The tokenizer `input_tokens` counts the prompt in: the leading active member's."""
+        return self._trusted_algorithm().active[0].tokenizer
+
+    @property
+    def context_window(self) -> int:
+        """The smallest window among the active members: a prompt and its answer must fit all."""
+        return min(member.context_window for member in self.algorithm.active)
+
+    def _trusted_algorithm(self) -> Method:
+        """The method as the next request would run it (SAFE: the drafter trust picks)."""
+        return self.algorithm.trusting(self.trust.weights)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -252,15 +331,30 @@ class Ensemble:
         """A request's own member views and method copy, with every prompt rendered."""
         cancel = threading.Event()
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
-        method = self.method.bind(members)
+        algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
-        tools = [tool.to_openai() for tool in config.tools] if config.calls_tools else []
-        for member in method.active:
+        if len(algorithm.active) > 1:  # trust weighs members that decide together
+            algorithm = self._trusted(algorithm, request)
+        tools = config.tools if config.calls_tools else ()
+        for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint
             )
-        run = _Run(self, members, method, request)
+        run = _Run(self, members, algorithm, request)
         return RequestStream(run.deltas(), members, cancel, self.admission)
+
+    def _trusted(self, algorithm: Method, request: Request) -> Method:
+        """The request's method under the member trust: members under the floor left out
+        (unless this request probes them), roles that follow trust set, and the request's
+        handle for reporting decisions."""
+        plan = self.trust.plan()
+        for name in [m.name for m in algorithm.members if m.name not in plan.asked]:
+            algorithm = algorithm.without(name)
+        request.trust = TrustView(plan.weights, self.trust)
+        request.stats.member_weights = dict(plan.weights)
+        if plan.probe:
+            request.stats.count("trust_probe")
+        return algorithm.trusting(plan.weights)
 
 
 class RequestStream(Iterator[Delta]):
@@ -280,122 +374,106 @@ class RequestStream(Iterator[Delta]):
         return self
 
     def __next__(self) -> Delta:
+        self._admission.resume(self)
         with self._admission.running_here():
-            return next(self._deltas)
+            delta = next(self._deltas)
+        self._admission.pause(self)  # holding its slot until the consumer asks again
+        return delta
 
     def close(self) -> None:
+        self._admission.resume(self)
         self._deltas.close()
 
     def cancel(self) -> None:
         self._cancel.set()
 
+    def computing(self):
+        """Count the calling thread as computing this request between its steps too (a worker
+        handing each delta on to an event loop): a batched pass then waits for its next pass as
+        it waits for a thread that reads its own deltas, instead of leaving it for the next one."""
+        return request_threads.running()
+
 
 class _Run:
     """One request in flight: the loop from commits to deltas, the member-failure policy."""
 
-    def __init__(self, ensemble: Ensemble, members, method: Method, request: Request) -> None:
+    def __init__(self, ensemble: Ensemble, members, algorithm: Method, request: Request) -> None:
         self.ensemble = ensemble
         self.members = members
-        self.method = method
+        self.algorithm = algorithm
         self.request = request
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
         self.call_opened = 0  # stats.ensembled_tokens when the open call region began
-        self.held = ""  # content of the last commit, shown with the last delta...
-        self.held_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
+        self.last_text = ""  # content of the last commit, shown with the last delta...
+        self.last_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
         with self.ensemble.admission.slot():
-            self.started = time.perf_counter()
-            shaper = ResponseShaper(self.request.config)
             try:
-                finish = yield from self._commits(shaper)
-            except CallbackFailed as failed:
-                raise failed.error from None
-            text, calls = shaper.finish()
-            self._report(calls)
-            if any(isinstance(c, ToolCall) for c in self.calls) and not any(
-                isinstance(c, InvalidToolCall) for c in self.calls
-            ):
-                finish = "tool_calls"  # every call whole (a grammar closes them itself)
-            last = self._last(self.held + text, finish, self.held_calls + calls)
-            for member in self.members:  # a finished request's prefixes serve later ones
-                member.keep_prefix()
-            yield last
+                for member in self.algorithm.active:  # the members' cache room, claimed first
+                    member.reserve(self.request.config.max_new_tokens)
+                self.started = time.perf_counter()
+                splitter = ResponseSplitter(self.request.config)
+                try:
+                    finish = yield from self._commits(splitter)
+                except CallbackFailed as failed:
+                    raise failed.error from None
+                text, calls = splitter.finish()
+                self._report(calls)
+                learned = self.request.trust.commit()  # a request that fails never gets here
+                if learned is not None:
+                    self.request.emit(learned)
+                if any(isinstance(c, ToolCall) for c in self.calls) and not any(
+                    isinstance(c, InvalidToolCall) for c in self.calls
+                ):
+                    finish = "tool_calls"  # every call whole (a grammar closes them itself)
+                last = self._last(self.last_text + text, finish, self.last_calls + calls)
+                for member in self.members:  # a finished request's prefixes serve later ones
+                    member.keep_prefix()
+                yield last
+            finally:
+                for member in self.members:
+                    member.release()
 
-    def _commits(self, shaper: ResponseShaper):
-        """Runs the method (again, without a failed member, under "drop") until it is done,
-        committing what the grammar forces between its steps; returns the finish reason."""
-        request, method = self.request, self.method
+    def _commits(self, splitter: ResponseSplitter):
+        """Runs the method (again, without a failed member, under "drop") until it is done;
+        returns the finish reason."""
+        request, algorithm = self.request, self.algorithm
         while True:
-            commits = method.run(request)
+            commits = algorithm.commits(request)
             try:
                 while True:
-                    forced = self._forced(method)
-                    commit = next(commits, None) if forced is None else forced
+                    commit = next(commits, None)
                     if commit is None:
                         return "length"
                     request.text += commit.text
                     request.stats.tokens += commit.tokens
-                    opened = shaper.in_call
-                    text, calls = shaper.feed(commit.text)
-                    if shaper.in_call and not opened:
+                    opened = splitter.in_call
+                    text, calls = splitter.feed(commit.text)
+                    if splitter.in_call and not opened:
                         self.call_opened = request.stats.ensembled_tokens
                     self._report(calls)
-                    if shaper.stopped or commit.finish or request.remaining <= 0:
-                        finish = "stop" if shaper.stopped else (commit.finish or "length")
-                        if finish == "length":  # what the grammar forces (a closing brace,
-                            text, calls = self._close(method, shaper, text, calls)  # a tag)
-                        self.held, self.held_calls = text, calls
+                    if splitter.stop_string_found or commit.finish or request.remaining <= 0:
+                        finish = (
+                            "stop" if splitter.stop_string_found else (commit.finish or "length")
+                        )
+                        self.last_text, self.last_calls = text, calls
                         return finish
                     if text or calls or request.pending:
                         yield self._delta(text, calls)
             except ContextOverflow:
                 return "length"
             except MemberError as error:
-                method = self._after_failure(method, error)
+                algorithm = self._after_failure(algorithm, error)
             except (EnsembleError, CallbackFailed):
                 raise
             except Exception as error:
                 raise MemberError(
-                    f"method {self.ensemble.method_name!r} failed: {type(error).__name__}: {error}"
+                    f"method {self.ensemble.method!r} failed: {type(error).__name__}: {error}"
                 ) from error
             finally:
                 commits.close()
-
-    def _forced(self, method: Method, whole: bool = False) -> Commit | None:
-        """The text the grammar forces after the committed text, as a commit no model made
-        (counted in the first active member's tokens), or None. It ends before its last
-        whitespace run unless `whole`: a space is written by the model with the word after it
-        (` "add",` can be one token), so the model continues from text it was trained on."""
-        request = self.request
-        if request.config.constraint is None:
-            return None
-        first = method.active[0]
-        if first.text != request.text:  # (a member holding part of a character keeps it)
-            first.sync(request.text)
-        text = first.forced()
-        if not whole:
-            text = text[: _last_space_run(text)]
-        if not text:
-            return None
-        before = first.n_tokens
-        first.sync(request.text + text)
-        request.emit(GrammarForced(request.stats.tokens, text))
-        request.stats.count("grammar_forced_tokens", max(first.n_tokens - before, 0))
-        return Commit(text, max(first.n_tokens - before, 0))
-
-    def _close(self, method: Method, shaper: ResponseShaper, text: str, calls: list):
-        """At the token limit: the text the grammar forces next is still written (no model
-        chooses it), so a structure that was complete but for its closing is not cut."""
-        forced = self._forced(method, whole=True)
-        if forced is None:
-            return text, calls
-        self.request.text += forced.text
-        self.request.stats.tokens += forced.tokens
-        more, closed = shaper.feed(forced.text)
-        self._report(closed)
-        return text + more, [*calls, *closed]
 
     def _report(self, calls) -> None:
         """Tool calls that closed: kept for the output, and told as events."""
@@ -405,7 +483,7 @@ class _Run:
                 ensembled = self.request.stats.ensembled_tokens - self.call_opened
                 self.request.emit(ToolCallEvent(call.id, call.name, call.arguments, ensembled))
 
-    def _after_failure(self, method: Method, error: MemberError) -> Method:
+    def _after_failure(self, algorithm: Method, error: MemberError) -> Method:
         """Report the failure; under "drop" the method without that member, else re-raise."""
         request = self.request
         name = error.member
@@ -413,10 +491,10 @@ class _Run:
         request.stats.count("member_failed")
         if name is not None:
             request.stats.failed[name] = str(error)
-        active = [m.name for m in method.active]
+        active = [m.name for m in algorithm.active]
         if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
             raise error
-        return method.without(name)
+        return algorithm.without(name)
 
     def _delta(self, text: str, calls) -> Delta:
         stats = self.request.stats
@@ -438,18 +516,6 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
-
-
-def _last_space_run(text: str) -> int:
-    """Where the last run of whitespace in `text` starts (its length when there is none)."""
-    end = len(text)
-    while end and not text[end - 1].isspace():
-        end -= 1
-    if not end:
-        return len(text)
-    while end and text[end - 1].isspace():
-        end -= 1
-    return end
 
 
 def _check_policy(policy: str) -> None:

@@ -126,6 +126,24 @@ class WeightsUpdated(Event):
 
 
 @dataclass(frozen=True)
+class TrustUpdated(Event):
+    """The ensemble's member trust learned from this request's decisions as the request
+    finished. Fields:
+    - `decisions`: how many decisions moved the weights.
+    - `rewards`: each member's mean reward over them, that is, how far it backed what was
+      committed (0..1).
+    - `weights`: every member's weight afterwards. Later requests start from these
+      (`Ensemble.member_weights`).
+    - `updates`: the trust's total of such decisions since the last reset or load."""
+
+    name: ClassVar[str] = "trust_updated"
+    updates: int
+    decisions: int
+    weights: dict[str, float] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class MemberFailed(Event):
     """A member failed during the request: `operation` it was doing, `error` what happened.
     With `on_member_failure="drop"` the request goes on without it; else it ends there."""
@@ -168,6 +186,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SegmentCandidates,
     SegmentSelected,
     WeightsUpdated,
+    TrustUpdated,
     MemberFailed,
     ToolCallEvent,
     GrammarForced,

@@ -29,7 +29,7 @@ interrupted by an exception or KeyboardInterrupt leaves the matcher flagged, and
 rebuilds its state from the ids it had followed.
 
 The language (tools and tool_choice as `core.tools` normalises them):
-- tool calls are written exactly as `core.tools.format_tool_calls` writes them, each call's
+- tool calls are written exactly as `core.tool_calls.format_tool_calls` writes them, each call's
   arguments following its tool's parameters schema;
 - "required": one call (`parallel_tool_calls=False`) or one or more; a tool name: calls of that
   tool only; "auto": free text that never contains `<tool_call>`, then optionally calls, and
@@ -61,22 +61,18 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from .errors import EnsembleError, InvalidConfigError
+from .json_schema import GRAMMAR_OPTIONS, check_grammar, explain, json_rule
 from .kv import common_prefix
-from .tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_SEPARATOR
+from .tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_SEPARATOR
+from .tools import ToolSpec
 from .vocab import Vocab
 
-if TYPE_CHECKING:
-    from .tools import ToolSpec
-
-JSON_STYLE = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
-_OPTIONS = '%llguidance {"no_forcing": true}'
 _START = "start: response"
 _START_AFTER_DUMMY_SPACE = 'start: " "? response'
 _COMPILED_PER_VOCAB = 64  # compiled grammars kept per member tokenizer (least recently used go)
@@ -95,111 +91,6 @@ class ConstraintError(EnsembleError):
 
 
 # --------------------------------------------------------------------------------------------
-# JSON schemas: closed objects, json.dumps layout, errors in our words.
-
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-# Subschemas that describe values (closing their objects keeps their meaning); "not", "if" and
-# "contains" are left alone: closing inside them would change what they say (and llguidance
-# rejects them anyway, by name).
-_SCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
-_SCHEMA_COMBINED = ("allOf", "anyOf", "oneOf", "$ref")
-
-
-def _is_object_schema(schema: dict) -> bool:
-    kind = schema.get("type")
-    return (
-        "properties" in schema or kind == "object" or (isinstance(kind, list) and "object" in kind)
-    )
-
-
-def closed_schema(schema: Any, close_here: bool = True) -> Any:
-    """A copy where every object schema without "additionalProperties" accepts no other keys."""
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: closed_schema(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_ONE and isinstance(value, dict):
-            out[key] = closed_schema(value)
-        elif key in ("items", "prefixItems") and isinstance(value, list):
-            out[key] = [closed_schema(sub) for sub in value]
-        elif key in ("anyOf", "oneOf") and isinstance(value, list):
-            # each alternative is a whole object, unless this level adds properties of its own
-            out[key] = [closed_schema(sub, "properties" not in schema) for sub in value]
-        elif key == "allOf" and isinstance(value, list):
-            out[key] = [closed_schema(sub, False) for sub in value]
-        else:
-            out[key] = value  # keywords and values (const, enum, default): left as they are
-    if (
-        close_here
-        and _is_object_schema(schema)
-        and not any(key in schema for key in _SCHEMA_COMBINED)
-        and "additionalProperties" not in schema
-        and "unevaluatedProperties" not in schema
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
-def json_rule(schema: dict) -> str:
-    """The Lark body of one JSON value of `schema`, in `json.dumps` layout."""
-    prepared = closed_schema(schema)
-    prepared["x-guidance"] = JSON_STYLE
-    return f"%json {json.dumps(prepared)}"
-
-
-_FORMATS = "date-time, time, date, duration, email, hostname, ipv4, ipv6, uuid, uri"
-
-
-def _explain(what: str, message: str) -> str:
-    """llguidance's compile error as a sentence that names the feature and the fix."""
-    first = message.strip().splitlines()[0] if message.strip() else message
-    reason = re.sub(r"^at \d+\(\d+\):\s*", "", first)
-    reason = reason.replace("failed to compile JSON schema: ", "")
-    keys = re.match(r"Unimplemented keys: \[(.*)\]", reason)
-    if keys:
-        names = ", ".join(repr(k.strip().strip('"')) for k in keys.group(1).split(","))
-        return (
-            f"{what} uses the JSON schema keyword {names}, which constrained decoding does not "
-            "support; remove it from the schema (state the rule in a description instead)."
-        )
-    fmt = re.match(r"Unknown format: (.*)", reason)
-    if fmt:
-        return (
-            f"{what} uses the string format {fmt.group(1)!r}, which constrained decoding does "
-            f'not support (supported: {_FORMATS}); remove "format" or use "pattern".'
-        )
-    if "look-around" in message:
-        return (
-            f"{what} has a pattern with look-ahead or look-behind, which constrained decoding "
-            "does not support; rewrite the pattern without (?=, (?!, (?<= or (?<!."
-        )
-    return f"{what} cannot be enforced by the grammar compiler ({reason}); simplify that part."
-
-
-def _check_grammar(grammar: str, what: str) -> None:
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise InvalidConfigError(_explain(what, messages[0] if messages else ""))
-
-
-def check_schema(schema: dict, what: str) -> None:
-    """Raise `InvalidConfigError` naming the feature when `schema` cannot be enforced."""
-    try:
-        grammar = f"{_OPTIONS}\nstart: {json_rule(schema)}\n"
-        json.dumps(schema, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InvalidConfigError(
-            f"{what} holds text that is not valid Unicode (a lone surrogate such as "
-            f"{error.object[error.start : error.end]!r}); fix the string in the schema."
-        ) from error
-    except (TypeError, ValueError) as error:
-        raise InvalidConfigError(f"{what} is not a JSON-serialisable schema ({error}).") from error
-    _check_grammar(grammar, what)
-
-
-# --------------------------------------------------------------------------------------------
 # The language over the shared text.
 
 
@@ -212,7 +103,7 @@ class Constraint:
     grammar: str
 
 
-def _literal(text: str) -> str:
+def _lark_string(text: str) -> str:
     return json.dumps(text)  # a Lark string literal (JSON escapes are Lark escapes)
 
 
@@ -228,7 +119,7 @@ def build_constraint(
     calls = bool(tools) and tool_choice != "none"
     if not calls and response_format is None and not tools:
         return None
-    rules = [_OPTIONS, _START]
+    rules = [GRAMMAR_OPTIONS, _START]
     if calls:
         chosen = (
             tools
@@ -240,7 +131,9 @@ def build_constraint(
                 f"tool_choice names {tool_choice!r}, which is not among the tools; normalise it "
                 "with core.tools.normalize_tool_choice."
             )
-        open_, close, sep = map(_literal, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_SEPARATOR))
+        open_, close, sep = map(
+            _lark_string, (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_CALL_SEPARATOR)
+        )
         more = f" ({sep} call)*" if parallel_tool_calls else ""
         rules += [
             f"calls: call{more}",
@@ -248,7 +141,7 @@ def build_constraint(
             "body: " + " | ".join(f"call_{i}" for i in range(len(chosen))),
         ]
         for i, tool in enumerate(chosen):
-            head = _literal(f'{{"name": "{tool.name}", "arguments": ')
+            head = _lark_string(f'{{"name": "{tool.name}", "arguments": ')
             rules += [f'call_{i}: {head} args_{i} "}}"', f"args_{i}: {json_rule(tool.parameters)}"]
     if response_format is not None:
         rules.append(f"answer: {json_rule(response_format)}")
@@ -263,9 +156,9 @@ def build_constraint(
         rules.append("response: answer | calls")
     else:
         rules += [
-            f"response: FREE | FREE_OPEN body {_literal(TOOL_CALL_CLOSE)}{more}",
+            f"response: FREE | FREE_OPEN body {_lark_string(TOOL_CALL_CLOSE)}{more}",
             f"FREE: {free}",
-            f"FREE_OPEN: FREE {_literal(TOOL_CALL_OPEN)}",
+            f"FREE_OPEN: FREE {_lark_string(TOOL_CALL_OPEN)}",
         ]
     grammar = "\n".join(rules) + "\n"
     what = (
@@ -273,7 +166,7 @@ def build_constraint(
         if calls and response_format
         else ("the tools" if calls else "response_format")
     )
-    _check_grammar(grammar, what)
+    check_grammar(grammar, what)
     return Constraint(hashlib.sha256(grammar.encode()).hexdigest(), grammar)
 
 
@@ -352,7 +245,7 @@ class _Compiled:
             grammar = grammar.replace(_START, _START_AFTER_DUMMY_SPACE, 1)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidConfigError(_explain("the constraint", matcher.get_error()))
+            raise InvalidConfigError(explain("the constraint", matcher.get_error()))
         with self._lock:
             self._templates[constraint.key] = matcher
             while len(self._templates) > _COMPILED_PER_VOCAB:

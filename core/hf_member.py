@@ -1,8 +1,13 @@
 """The in-process backend: a Hugging Face causal LM on this machine's CPU or GPU.
 
 Its forward passes go through the model's batcher (`core.batching`), so concurrent requests on
-one model share passes; its computed keys and values live in the request's `SequenceState` as a
-`KVPrefix` (`core.kv`), and finished requests leave their prefixes in the model's `PrefixPool`.
+one model share passes. Its computed keys and values live in the model's `KVStore` (`core.kv`):
+the request's `SequenceState` holds a `KVRow` (its row, and how many positions of it are valid),
+so a snapshot of the state is a length and putting it back undoes any pass. No pass writes
+below a row's length: a pass that reads a prefix without extending it (verify-in-line scoring,
+branches, the distribution after an earlier cached position) writes past it, into positions
+that stay dead. A model the store cannot serve keeps a `KVPrefix` per request instead. Finished
+requests leave their prefixes in the member's `PrefixPool` (copied out of the store once).
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from dataclasses import replace
 import torch
 
 from .batching import Pass, batcher_for
-from .kv import KVPrefix, PrefixPool, block_mask
+from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
 from .member import Member
 from .vocab import Vocab, stop_logprob
+
+_SCORING_ROOM = 64  # positions a request's row keeps free past its text for scoring passes
 
 
 class HFMember(Member):
@@ -43,9 +50,11 @@ class HFMember(Member):
             or getattr(config, "n_ctx", None)
             or 2048
         )
-        attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
-        self.takes_block_mask = attention in ("eager", "sdpa")
-        self.batcher = batcher_for(model, batched=self.takes_block_mask)
+        # the attention kernel transformers chose ("sdpa", "eager", "flash_attention_2", ...)
+        self.attention = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        self.takes_block_mask = self.attention in ("eager", "sdpa")
+        self.batcher = batcher_for(model)
+        self.store = self.batcher.store  # None: each request keeps its own KVPrefix
         self._pool = PrefixPool()
         self._reuse_prefixes = True
         self.prefilled = 0  # prompt ids computed for the request (prefix reuse saves these)
@@ -90,14 +99,14 @@ class HFMember(Member):
     # --- cache and forward ----------------------------------------------------------------
 
     @property
-    def lane(self) -> str:
+    def runs_on(self) -> str:
         device = self.device
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         return str(device)
 
     @property
-    def _kv(self) -> KVPrefix | None:
+    def _kv(self) -> KVRow | KVPrefix | None:
         return self._state.cache
 
     @property
@@ -105,20 +114,60 @@ class HFMember(Member):
         """Positions the cache holds."""
         return self._kv.length if self._kv is not None else 0
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Key/value bytes one position of one request takes on this model (measured)."""
+        layout = self.batcher.layout
+        return layout.bytes_per_token if layout is not None else 0
+
     def memory_bytes(self) -> int:
-        return self._kv.nbytes() if self._kv is not None else 0
+        kv = self._kv
+        if isinstance(kv, KVRow):
+            return kv.length * self.kv_bytes_per_token
+        return kv.nbytes() if kv is not None else 0
+
+    def reserve(self, new_tokens: int) -> None:
+        """A row in the store with room for the prompt and `new_tokens` more (plus what
+        scoring passes write past the end), claimed now rather than mid-request."""
+        if self.store is not None:
+            need = min(len(self._state.seq) + new_tokens, self.context_window) + _SCORING_ROOM
+            self._store_row(need)
 
     def keep_prefix(self) -> None:
-        if self._kv is not None and self._reuse_prefixes:
-            self._pool.put(self._state.seq, self._kv)
+        kv = self._kv
+        if kv is not None and kv.length and self._reuse_prefixes:
+            stored = self.store.read(kv) if isinstance(kv, KVRow) else kv
+            self._pool.put(self._state.seq, stored)
+        self.release()
+
+    def release(self) -> None:
+        kv = self._kv
+        if isinstance(kv, KVRow):
+            kv.slot.release()
+            self._state.cache = None
 
     def _reuse(self, prompt: list[int]) -> None:
         if self._cached == 0 and self._reuse_prefixes:
-            self._state.cache = self._pool.take(prompt)
+            found = self._pool.take(prompt)  # a KVPrefix: copied into a row at the first pass
+            if found is not None:
+                self._state.cache = found
 
     def _rewind(self, keep: int) -> None:
         if self._kv is not None and keep < self._kv.length:
             self._state.cache = self._kv.crop(keep)
+
+    def _store_row(self, tokens: int = 0) -> KVRow:
+        """The request's row in the store (claimed, and a pooled prefix copied in, on first
+        use), with room for `tokens` positions."""
+        kv = self._kv
+        if not isinstance(kv, KVRow):
+            slot = self.store.slot(max(tokens, self._cached))
+            kv = self.store.write(slot, kv) if kv is not None else KVRow(slot, 0)
+            self._state.cache = kv
+        if tokens > self.store.capacity:
+            with self.store.lock:
+                self.store.fit(tokens)
+        return kv
 
     def _forward(
         self,
@@ -130,32 +179,40 @@ class HFMember(Member):
     ) -> torch.Tensor:
         """Feed ids after the cache; log-probs (or raw logits) at the given input indices.
         `allowed` [len(ids), cached + len(ids)]: which positions each new id may attend to
-        (None: causal); `positions`: their position ids (None: right after the cache)."""
+        (None: causal); `positions`: their position ids (None: right after the cache). The
+        cache then holds the ids too (crop it to drop them)."""
         self._check_cancelled()
         start = time.perf_counter()
-        kv = self._kv
-        job = Pass(
-            ids=list(ids),
-            keep=list(keep),
-            past=kv.layers if kv is not None else None,
-            past_len=self._cached,
-            allowed=allowed,
-            positions=positions,
-            raw=raw,
-        )
-        self.batcher.run(job)
+        cached = self._cached
+        job = Pass(ids=list(ids), keep=list(keep), past_len=cached, allowed=allowed,
+                   positions=positions, raw=raw)  # fmt: skip
+        if self.store is not None:
+            row = self._store_row()
+            job.row = row.slot.index
+            self.batcher.run(job)
+            self._state.cache = KVRow(row.slot, cached + len(ids))
+        else:
+            job.past = self._kv.layers if self._kv is not None else None
+            self.batcher.run(job)
+            self._state.cache = KVPrefix(job.present, cached + len(ids))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.calls += 1
         self.seconds += time.perf_counter() - start
-        self._state.cache = KVPrefix(job.present, self._cached + len(ids))
         return job.rows
+
+    def _materialised(self) -> KVRow | KVPrefix | None:
+        """The cache, in the store when there is one (a pass's result is then cropped back to
+        exactly this value)."""
+        if self.store is not None and self._kv is not None:
+            return self._store_row()
+        return self._kv
 
     def _set_last_row(self, row: torch.Tensor | None) -> None:
         if self._kv is not None:
             self._state.cache = replace(self._kv, last_row=row)
 
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
             prompt_len, seq = self._state.prompt_len, self._state.seq
@@ -165,14 +222,24 @@ class HFMember(Member):
             got = {have: kv.last_row} if have is not None else {}
             missing = sorted({r for r in rows if r != have})
             if missing:
-                if missing[0] < self._cached:
-                    self._rewind(missing[0])
-                    got, missing = {}, sorted(set(rows))
-                start = self._cached
-                out = self._forward(seq[start : missing[-1] + 1], [r - start for r in missing])
-                self.prefilled += max(0, min(prompt_len, missing[-1] + 1) - start)
-                got.update(zip(missing, out, strict=True))
-                self._set_last_row(got[missing[-1]])
+                cached = self._cached
+                earlier = [r for r in missing if r < cached]  # their keys are cached already
+                end = max(missing[-1] + 1, cached)
+                tail = seq[cached:end]
+                if earlier:  # their ids again, after the tail, seeing only what preceded them
+                    feed = tail + [seq[r] for r in earlier]
+                    allowed = earlier_rows_mask(cached, len(tail), earlier)
+                    positions = [*range(cached, end), *earlier]
+                else:
+                    feed, allowed, positions = tail, None, None
+                keep = [r - cached for r in missing if r >= cached]
+                keep += range(len(tail), len(feed))
+                out = self._forward(feed, keep, allowed=allowed, positions=positions)
+                self._rewind(end)  # the repeated ids' keys are dead
+                self.prefilled += max(0, min(prompt_len, end) - cached)
+                got.update(zip([r for r in missing if r >= cached] + earlier, out, strict=True))
+                if end - 1 in got:
+                    self._set_last_row(got[end - 1])
             return torch.stack([got[r] for r in rows])
 
     def score(
@@ -193,7 +260,7 @@ class HFMember(Member):
             tail = self._state.seq[visible:start]  # the prefix's uncached end (>= its last id)
             if not self.takes_block_mask:
                 return self._score_each(visible, tail, blocks, ends, raw)
-            kv = self._kv
+            kv = self._materialised()
             cached = self._cached
             flat = tail + [i for block in blocks for i in block]
             t = len(tail)
@@ -230,7 +297,9 @@ class HFMember(Member):
     ) -> list[torch.Tensor]:
         """Fallback for attention kernels that cannot take a block mask: one pass per
         continuation on the same cached prefix (same numbers, more passes). Without a mask the
-        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay)."""
+        cache must end at the prefix, so a drafter's cached draft is dropped (its ids stay).
+        Such kernels never have a store: their per-request caches are immutable, so the passes
+        written over a dropped draft here cannot reach a rolled-back state."""
         self._rewind(visible)
         start, first, scores = visible + len(tail), None, []
         for block, end in zip(blocks, ends, strict=True):
@@ -253,7 +322,7 @@ class HFMember(Member):
                 return torch.empty(0, self.vocab.size)
             prefix = self._state.prompt_len + boundary
             if self._cached < prefix:
-                self.logprobs([boundary])  # the cache now reaches the branch point
+                self._model_logprobs([boundary])  # the cache now reaches the branch point
             if not self.takes_block_mask:  # no mask: the cache must end at the branch point
                 self._rewind(prefix)
                 rows = []
@@ -261,7 +330,7 @@ class HFMember(Member):
                     rows.append(self._forward(branch, [len(branch) - 1])[0])
                     self._rewind(prefix)
                 return torch.stack(rows)
-            kv, cached = self._kv, self._cached
+            kv, cached = self._materialised(), self._cached
             flat = [i for branch in branches for i in branch]
             allowed = block_mask(cached, prefix, 0, [len(b) for b in branches])
             positions, keep, offset = [], [], 0

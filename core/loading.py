@@ -9,11 +9,13 @@ tokenizer pipeline (for `qwen2` directories), which silently changes token ids.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from difflib import get_close_matches
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from .errors import (
     InvalidConfigError,
@@ -187,6 +189,12 @@ def load_model(
         kwargs["attn_implementation"] = attn_implementation
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (SafetensorError, pickle.UnpicklingError, EOFError) as error:
+        raise _unreadable_weights(source, error) from error
+    except RuntimeError as error:
+        if "PytorchStreamReader" not in str(error):  # torch.load on a damaged zip checkpoint
+            raise
+        raise _unreadable_weights(source, error) from error
     except OSError as error:
         raise MissingWeightsError(
             f"could not load weights for {source!r} ({error}); check the weight files, or pass "
@@ -200,6 +208,37 @@ def load_model(
             ) from error
         raise
     return model.to(device).eval()
+
+
+def _unreadable_weights(source: str, error: BaseException) -> MissingWeightsError:
+    """A weights file that is damaged, or a pickle that holds more than tensors, named."""
+    folder = Path(source)
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    damaged = [f for f in files if f.suffix == ".safetensors" and not _readable_safetensors(f)]
+    named = ", ".join(repr(str(f)) for f in (damaged or files)) or repr(source)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = lines[0][:200] if lines else type(error).__name__
+    if isinstance(error, pickle.UnpicklingError):  # torch's weights-only unpickler refused it
+        boiler = ("Weights only load failed", "Please file", "Check the documentation")
+        reason = next((line for line in lines if not line.startswith(boiler)), reason)
+        return MissingWeightsError(
+            f"the weights in {named} could not be loaded as plain tensors ({reason}): the file is "
+            "damaged, or it is a pickle holding Python objects, which is refused (unpickling "
+            "them can run code). Save the model with save_pretrained (safetensors), from a "
+            "source you trust."
+        )
+    return MissingWeightsError(
+        f"the weights file {named} is damaged ({type(error).__name__}: {reason}); download or "
+        "copy it again, or save the model with save_pretrained."
+    )
+
+
+def _readable_safetensors(path: Path) -> bool:
+    try:
+        with safe_open(str(path), framework="pt"):  # reads and checks the header only
+            return True
+    except (SafetensorError, OSError):
+        return False
 
 
 def _raw_tokenizer_file(source: str) -> str | None:

@@ -31,11 +31,12 @@ from typing import Any
 
 import torch
 
-from .chat import Message, render_prompt
+from .chat import Message, prompt_ids
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .grammar import Constraint, Matcher, constrain
 from .kv import common_prefix
 from .sampling import Sampler
+from .tools import ToolSpec
 from .vocab import Vocab, is_cut, tokenizer_lock
 
 _MAX_CUT_SCAN = 64  # tokens to look back for a cut before re-tokenizing the whole response
@@ -161,37 +162,34 @@ class Member(ABC):
         return list(self._state.ends)
 
     @property
-    def lane(self) -> str:
-        """Members on one lane compute one after the other, distinct lanes overlap
-        (`core.parallel`): in-process members share their device, a remote one has its own."""
+    def runs_on(self) -> str:
+        """Where this member computes: members that run on the same place compute one after the
+        other, members on different places overlap (`core.parallel`). In-process members run on
+        their device; a remote member on its own server connection."""
         return "local"
 
     @property
-    def room(self) -> int:
+    def window_left(self) -> int:
         """How many more tokens fit in the context window."""
         return self.context_window - len(self._state.seq)
 
     def render(
         self,
         messages: list[Message],
-        tools: Sequence[dict] = (),
+        tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
     ) -> list[int]:
-        """The prompt ids: the messages in this member's own chat template, with the tools (as
-        OpenAI-style dicts) and the answer's schema where the request has them."""
-        extra = {}
-        if tools:
-            extra["tools"] = list(tools)
-        if response_format is not None:
-            extra["response_format"] = response_format
+        """The prompt ids: the messages in this member's own chat template, with the tools and
+        the answer's schema where the request has them. Only the template's markup becomes
+        control tokens (`core.chat.prompt_ids`): a message that spells `<|im_end|>` is read as
+        that text."""
         with tokenizer_lock(self.tokenizer):
-            prompt = render_prompt(self.tokenizer, messages, self.name, **extra)
-        return self.vocab.encode_prompt(prompt)
+            return prompt_ids(self.tokenizer, messages, self.name, tools, response_format)
 
     def start(
         self,
         messages: list[Message],
-        tools: Sequence[dict] = (),
+        tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
         constraint: Constraint | None = None,
     ) -> int:
@@ -214,29 +212,13 @@ class Member(ABC):
             self._reuse(prompt)
         return len(prompt)
 
-    # --- the request's grammar ------------------------------------------------------------
+    # --- the request's grammar: every distribution a method reads goes through it ----------
 
-    @property
-    def constrained(self) -> bool:
-        return self._state.grammar is not None
-
-    def allowed(self, boundary: int | None = None) -> torch.Tensor | None:
-        """Which next ids keep the response valid after its first `boundary` tokens (default:
-        all of them), as a bool mask over the vocabulary; None when unconstrained."""
-        grammar = self._state.grammar
-        if grammar is None:
-            return None
-        ids = self.ids
-        grammar.follow(ids if boundary is None else ids[:boundary])
-        return grammar.allowed()
-
-    def constrained_rows(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
-        """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
-        grammar allows there and renormalised; unchanged when unconstrained."""
-        if self._state.grammar is None:
-            return rows
-        masks = torch.stack([self.allowed(b) for b in boundaries])
-        return constrain(rows, masks)
+    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab].
+        Under the request's grammar each row is masked to what the grammar allows there and
+        renormalised, so a method never sees a distribution the grammar has not shaped."""
+        return self._constrained(self._model_logprobs(boundaries), boundaries)
 
     def forced(self) -> str:
         """Text the grammar forces after the current text ("" when there is a choice, or when
@@ -246,6 +228,18 @@ class Member(ABC):
             return ""
         grammar.follow(self.ids)
         return grammar.forced()
+
+    def _constrained(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
+        """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
+        grammar allows there and renormalised; unchanged when unconstrained."""
+        grammar = self._state.grammar
+        if grammar is None:
+            return rows
+        ids, masks = self.ids, []
+        for boundary in boundaries:
+            grammar.follow(ids[:boundary])
+            masks.append(grammar.allowed())
+        return constrain(rows, torch.stack(masks))
 
     def _reuse(self, prompt: list[int]) -> None:  # noqa: B027 (a hook: nothing by default)
         """A backend may take a cached prefix of the prompt from an earlier request."""
@@ -330,8 +324,9 @@ class Member(ABC):
         """Forget computed state beyond the first `keep` ids of the sequence."""
 
     @abstractmethod
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
-        """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab]."""
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+        """The model's own next-token log-probs after the first `b` response tokens, for each b:
+        [len, vocab] (`logprobs` applies the request's grammar to them)."""
 
     @abstractmethod
     def score(
@@ -405,11 +400,9 @@ class Member(ABC):
         with self._transaction("draft"):
             ids, rows, stopped = [], [], False
             for _ in range(max_tokens):
-                if self.room <= 0:
+                if self.window_left <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
-                if self._state.grammar is not None:
-                    row = constrain(row, self.allowed())
                 token = sampler.pick(row)
                 rows.append(row)
                 if token in self.stop_ids:
@@ -420,8 +413,18 @@ class Member(ABC):
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
 
+    def reserve(self, new_tokens: int) -> None:  # noqa: B027 (a hook: nothing by default)
+        """The request starts: a backend claims the room its cache will need for the prompt and
+        up to `new_tokens` more, or raises `EnsembleBusyError` now rather than run out of memory
+        mid-request."""
+
     def keep_prefix(self) -> None:  # noqa: B027 (a hook: nothing by default)
-        """The request is over: a backend may keep its computed prefix for later requests."""
+        """The request is over: a backend may keep its computed prefix for later requests (and
+        releases what it holds, as `release` does)."""
+
+    def release(self) -> None:  # noqa: B027 (a hook: nothing by default)
+        """The request ended (finished, failed, cancelled or dropped): a backend gives back what
+        it holds for it (its row in a key/value store); the ids stay."""
 
     def memory_bytes(self) -> int:
         """Bytes this member holds for the current request beyond its weights (the KV cache)."""

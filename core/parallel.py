@@ -4,9 +4,9 @@ Methods loop over members (draft with each, score with each). Members that compu
 local resource gain nothing from overlapping: CPU members only fight for the same cores, two
 members on one GPU queue on it anyway. Members elsewhere do gain: a remote member spends its
 time waiting on a server, an in-process member on another GPU computes there. Each member names
-its `lane` (the CPU, a GPU, one server connection); members that share a lane run one after the
-other, and lanes run concurrently. With a single lane nothing changes: the members run in order,
-in the calling thread, exactly as a plain loop would.
+where it `runs_on` (the CPU, a GPU, one server connection); members that run on the same place
+run one after the other, and places run concurrently. With a single place nothing changes: the
+members run in order, in the calling thread, exactly as a plain loop would.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
-def lanes(members: Sequence[Member]) -> list[list[int]]:
-    """Member indices grouped by lane, in first-appearance order."""
+def places(members: Sequence[Member]) -> list[list[int]]:
+    """Member indices grouped by where they run (`Member.runs_on`), in first-appearance order."""
     groups: dict[str, list[int]] = {}
     for i, member in enumerate(members):
-        groups.setdefault(member.lane, []).append(i)
+        groups.setdefault(member.runs_on, []).append(i)
     return list(groups.values())
 
 
 def overlaps(members: Sequence[Member]) -> bool:
     """Whether `each` would run some of these members concurrently."""
-    return len(lanes(members)) > 1
+    return len(places(members)) > 1
 
 
 def _child(sampler: Sampler) -> Sampler:
@@ -62,13 +62,13 @@ def each(
     members: Sequence[Member], fn: Callable[..., T], sampler: Sampler | None = None
 ) -> list[T]:
     """`fn(member)` for every member (or `fn(member, sampler)` when a sampler is given), results
-    in member order. Lanes run concurrently; every call finishes before the first error (in
+    in member order. Places run concurrently; every call finishes before the first error (in
     member order) is raised, so no member is left mid-request behind the caller's back.
 
     A sampling (non-greedy) sampler is split into one child per member when members overlap,
     drawn in member order before anything runs: concurrent draws from one generator would
     depend on thread timing."""
-    groups = lanes(members)
+    groups = places(members)
     concurrent = len(groups) > 1
     if sampler is None:
         calls = [lambda m=m: fn(m) for m in members]
@@ -82,16 +82,16 @@ def each(
     results: list = [None] * len(members)
     errors: dict[int, BaseException] = {}
 
-    def run_lane(indices: list[int]) -> None:
+    def run_place(indices: list[int]) -> None:
         for i in indices:
             try:
                 results[i] = calls[i]()
-            except BaseException as error:  # re-raised below, after every lane is done
+            except BaseException as error:  # re-raised below, after every place is done
                 errors[i] = error
-                return  # the rest of this lane would see a member in an unknown state
+                return  # the rest of this place would see a member in an unknown state
 
-    futures: list[Future] = [_executor().submit(run_lane, g) for g in groups[1:]]
-    run_lane(groups[0])  # the first lane (often the local one) in the calling thread
+    futures: list[Future] = [_executor().submit(run_place, g) for g in groups[1:]]
+    run_place(groups[0])  # the first place (often the local one) in the calling thread
     for future in futures:
         future.result()
     if errors:

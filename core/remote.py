@@ -531,7 +531,7 @@ class RemoteMember(Member):
     # --- the Member interface ------------------------------------------------------------------
 
     @property
-    def lane(self) -> str:
+    def runs_on(self) -> str:
         return f"remote:{id(self)}"  # a server: overlaps with everything else
 
     def spawn(self, cancel=None, reuse: bool = True) -> RemoteMember:
@@ -548,7 +548,7 @@ class RemoteMember(Member):
     def _rewind(self, keep: int) -> None:
         self._state.cache = {n: row for n, row in self._rows.items() if n <= keep}
 
-    def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
+    def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
             ends = [self._state.prompt_len + b for b in boundaries]
@@ -565,7 +565,7 @@ class RemoteMember(Member):
             return self._draft(max_tokens, sampler)
 
     def _draft(self, max_tokens: int, sampler: Sampler) -> Draft:
-        n = min(max_tokens, self.room)
+        n = min(max_tokens, self.window_left)
         if n <= 0:
             return Draft([], torch.empty(0, self.vocab.size), False)
         self._check_cancelled()
@@ -633,7 +633,7 @@ class RemoteMember(Member):
         """Drafted rows as the constrained distributions they stand for (row j: after the
         first `start - prompt + j` response ids)."""
         base = start - self._state.prompt_len
-        return self.constrained_rows(rows, [base + j for j in range(rows.shape[0])])
+        return self._constrained(rows, [base + j for j in range(rows.shape[0])])
 
     def score(
         self,

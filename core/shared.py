@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .ensemble import Ensemble
+from .methods import DEFAULT_METHOD
 from .remote import Remote
 from .sources import Models, model_sources
 
@@ -41,7 +42,7 @@ def configuration_key(models: Models, method: str, options: dict[str, Any]) -> s
     return repr((sources, method, settings))
 
 
-def shared_ensemble(models: Models, method: str = "safe", **kwargs: Any) -> Ensemble:
+def shared_ensemble(models: Models, method: str = DEFAULT_METHOD, **kwargs: Any) -> Ensemble:
     """`Ensemble.from_pretrained(models, method, **kwargs)`, loaded once per configuration."""
     models = model_sources(models)
     key = configuration_key(models, method, kwargs)

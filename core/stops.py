@@ -12,26 +12,26 @@ from collections.abc import Sequence
 class StopFilter:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
-        self.held = ""
-        self.stopped = False
+        self.held_back = ""  # text that may be the start of a stop string
+        self.found = False  # a stop string was found: the output ended before it
 
     def feed(self, text: str) -> str:
-        """The part of `held + text` that is safe to emit now."""
-        if self.stopped:
+        """The part of `held_back + text` that is safe to emit now."""
+        if self.found:
             return ""
-        buffer = self.held + text
+        buffer = self.held_back + text
         hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
         if hits:
-            self.stopped, self.held = True, ""
+            self.found, self.held_back = True, ""
             return buffer[: min(hits)]
         keep = partial_suffix(buffer, self.stops)
-        self.held = buffer[len(buffer) - keep :] if keep else ""
+        self.held_back = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]
 
     def flush(self) -> str:
         """At the end of generation nothing more can complete a stop string."""
-        held, self.held = self.held, ""
-        return held
+        held_back, self.held_back = self.held_back, ""
+        return held_back
 
 
 def partial_suffix(buffer: str, markers: Sequence[str]) -> int:

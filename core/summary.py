@@ -19,8 +19,10 @@ def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event])
     `ensembled_rounds` (see `Stats`), `input_tokens` (see
     `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (verified rounds
     won per member: a round where every drafter wrote the same text credits no one) and
-    `weights`, SAFE's `ensemble_points` (output positions where it ensembled), the method's
-    `counts`, and `seconds`. Winners and points are empty for methods without them."""
+    `weights`, the member trust the request started with (`member_weights`: the ensemble's
+    trust settings come with `method_summary`), SAFE's `ensemble_points` (output positions
+    where it ensembled), the method's `counts`, and `seconds`. Winners and points are empty for
+    methods without them."""
     winners = {k.removeprefix("won/"): v for k, v in stats.counts.items() if k.startswith("won/")}
     points = [event.position for event in events if isinstance(event, EnsemblePoint)]
     return json_safe(
@@ -35,6 +37,9 @@ def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event])
             "winners": winners,
             "ensemble_points": points,
             "weights": dict(stats.weights),
+            "member_weights": dict(
+                stats.member_weights or method_summary.get("member_weights", {})
+            ),
             "counts": dict(stats.counts),
             "seconds": stats.seconds,
         }

@@ -123,6 +123,20 @@ def check_strings(name: str, value: Any, *, example: Sequence[str]) -> tuple[str
     return strings
 
 
+def json_depth(value: Any) -> int:
+    """How deeply lists and dicts nest in `value`, counted without recursion (so that data too
+    deep for `json.dumps` or `copy.deepcopy` is measured, then refused, rather than crashing)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend(
+                (x, level + 1) for x in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
 # --- wording ---------------------------------------------------------------------------------
 
 

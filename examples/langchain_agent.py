@@ -1,24 +1,29 @@
-"""A LangChain agent (`langchain.agents.create_agent`) with two tools and a structured final
-answer, on an ensemble of the shipped tiny models.
+"""A LangChain agent (`langchain.agents.create_agent`) on an ensemble of the shipped tiny models,
+measured on held-out tool-use problems against each member alone.
 
-    python examples/langchain_agent.py                       # SAFE, a testbed question
-    python examples/langchain_agent.py --method specem --question "Mia has 4 cookies. ..."
+    python examples/langchain_agent.py              # 20 held-out problems, then one trace
+    python examples/langchain_agent.py --n 50 --trace 3
+    python examples/langchain_agent.py --method specem
 
 Runs offline on CPU (needs `pip install "llm-ensembling[langchain]"`, which brings `langchain`).
-`ChatEnsemble`'s profile says it supports structured output, so `create_agent` asks for the
-`Answer` schema as a `response_format` next to the tools (its ProviderStrategy): each turn the
-ensemble's grammar allows either tool calls or the JSON answer, and the agent loops until the
-answer comes. The tools' arguments are bounded (0..999) so the tiny models cannot write numbers
-without end; their choices are the models' own, right or wrong.
+Each problem offers its own tools (the testbed's `add`, `subtract`, `multiply`, `calculator`,
+`get_price`, `get_stock`, bound as LangChain tools: exactly what the tiny models were trained
+on) and, where it asks for one, a JSON answer schema, which `create_agent` sends as a
+`response_format` next to the tools (`ChatEnsemble`'s profile says it supports structured
+output). The ensemble's grammar allows tool calls or the JSON answer each turn; the agent loops
+until the answer comes. Right tool: the first call is the one the question needs (or no call
+where none of the offered tools fits); right arguments: that call's arguments too; right
+answer: the agent's final answer. One question's answer is luck either way (these models copy
+numbers poorly), so the example measures many.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,54 +32,54 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a sourc
 from langchain.agents import create_agent  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 from langchain_core.tools import tool  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
 
-from core.testbed import make_problems, model_paths  # noqa: E402
+from core import Ensemble  # noqa: E402
+from core.methods import DEFAULT_METHOD  # noqa: E402
+from core.testbed import (  # noqa: E402
+    TOOL_FUNCTIONS,
+    Problem,
+    check_answer,
+    check_tool_call,
+    make_problems,
+    model_paths,
+)
 from langchain_ensemble import ChatEnsemble  # noqa: E402
 
-Small = Annotated[int, Field(ge=0, le=999)]
+TOOLS = {name: tool(fn) for name, fn in TOOL_FUNCTIONS.items()}
 
 
-@tool
-def add(a: Small, b: Small) -> int:
-    """Add two whole numbers."""
-    return a + b
+def make_agent(chat: ChatEnsemble, problem: Problem):
+    """An agent with the problem's tools and, where it asks for JSON, its answer schema."""
+    tools = [TOOLS[spec["function"]["name"]] for spec in problem.tools]
+    return create_agent(chat, tools=tools, response_format=problem.response_format)
 
 
-@tool
-def subtract(a: Small, b: Small) -> int:
-    """Subtract b from a."""
-    return a - b
-
-
-class Answer(BaseModel):
-    """The final answer to the question."""
-
-    value: int = Field(ge=-999, le=9999, description="the number asked for")
-    confident: bool = Field(description="whether the tool results support the value")
-
-
-def make_agent(method: str, max_tokens: int = 96):
-    chat = ChatEnsemble(
-        models=[str(p) for p in model_paths()], method=method, max_tokens=max_tokens
-    )
-    return create_agent(chat, tools=[add, subtract], response_format=Answer)
-
-
-def run(agent, question: str, recursion_limit: int = 12) -> dict:
-    """The agent's final state: its messages and `structured_response` (an `Answer`)."""
-    inputs = {"messages": [{"role": "user", "content": question}]}
+def run(agent, problem: Problem, recursion_limit: int = 8) -> dict:
+    """The agent's final state: its messages (and `structured_response` where JSON was asked)."""
+    inputs = {"messages": list(problem.messages)}
     return agent.invoke(inputs, {"recursion_limit": recursion_limit})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", default="safe", help="safe | specem | token | single")
-    parser.add_argument("--question", default=make_problems(1, seed=3)[0].question)
-    args = parser.parse_args()
-    state = run(make_agent(args.method), args.question)
-    print(f"question: {args.question}")
-    for message in state["messages"][1:]:
+def grade(state: dict, problem: Problem) -> tuple[bool, bool, bool]:
+    """(right tool, right arguments, right answer) for one finished run."""
+    messages = state["messages"][len(problem.messages) :]
+    calls = [c for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
+    first = calls[0] if calls else None
+    if problem.expected_call is None:
+        tool_right = args_right = first is None
+    else:
+        tool_right = first is not None and first["name"] == problem.expected_call[0]
+        args_right = first is not None and check_tool_call(first["name"], first["args"], problem)
+    if problem.response_format is not None:
+        answer = json.dumps(state.get("structured_response"))
+    else:
+        answer = next((m.content for m in reversed(messages) if isinstance(m, AIMessage)), "")
+    return tool_right, args_right, check_answer(str(answer), problem)
+
+
+def show(state: dict, problem: Problem) -> None:
+    print(f"question: {problem.question}  (answer {problem.answer})")
+    for message in state["messages"][len(problem.messages) :]:
         if isinstance(message, AIMessage) and message.tool_calls:
             for call in message.tool_calls:
                 print(f"  call   {call['name']}({call['args']})")
@@ -82,7 +87,37 @@ def main() -> None:
             print(f"  result {message.content}")
         elif isinstance(message, AIMessage):
             print(f"  answer {message.content}")
-    print(f"structured_response: {state['structured_response']!r}")
+    if "structured_response" in state:
+        print(f"  structured_response: {state['structured_response']!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", default=DEFAULT_METHOD, help="the ensemble's method")
+    parser.add_argument("--n", type=int, default=20, help="held-out tool problems")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trace", type=int, default=1, help="problems whose trace is printed")
+    args = parser.parse_args()
+    paths = model_paths()
+    ensemble = Ensemble.from_pretrained(paths, method=args.method, device="cpu")
+    configs = {f"{m.name} alone": ChatEnsemble(models=[str(p)], method="single", max_tokens=96)
+               for m, p in zip(ensemble.members, paths, strict=True)}  # fmt: skip
+    label = f"ensemble ({args.method})"
+    configs[label] = ChatEnsemble.from_ensemble(ensemble, max_tokens=96)
+    problems = make_problems(args.n, seed=args.seed, form="tool")
+    totals = {name: [0, 0, 0] for name in configs}
+    for i, problem in enumerate(problems):
+        for name, chat in configs.items():
+            state = run(make_agent(chat, problem), problem)
+            for k, right in enumerate(grade(state, problem)):
+                totals[name][k] += right
+            if i < args.trace and name == label:
+                show(state, problem)
+    print(f"\n{args.n} held-out tool problems (seed {args.seed}), through create_agent:")
+    print(f"  {'configuration':28s} right tool  right arguments  right answer")
+    for name, (tools, arguments, answers) in totals.items():
+        n = len(problems)
+        print(f"  {name:28s} {tools / n:9.0%} {arguments / n:16.0%} {answers / n:13.0%}")
 
 
 if __name__ == "__main__":

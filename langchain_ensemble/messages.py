@@ -60,12 +60,12 @@ def _calls_made(message: AIMessage) -> list[tuple[str | None, str, Any]]:
     ]
 
 
-def engine_tool_call(call_id: str | None, name: str, args: Any) -> dict[str, Any]:
+def core_tool_call(call_id: str | None, name: str, args: Any) -> dict[str, Any]:
     call: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": args}}
     return {"id": call_id, **call} if call_id else call
 
 
-def to_engine_message(message: BaseMessage) -> dict[str, Any]:
+def to_core_message(message: BaseMessage) -> dict[str, Any]:
     """One message as {"role", "content"[, "name"][, "tool_calls" | "tool_call_id"]}.
 
     An AI message contributes its text and its tool calls (reasoning blocks are not part of
@@ -81,11 +81,11 @@ def to_engine_message(message: BaseMessage) -> dict[str, Any]:
     if isinstance(message, AIMessage):
         calls = _calls_made(message)
         if calls:
-            out["tool_calls"] = [engine_tool_call(*call) for call in calls]
+            out["tool_calls"] = [core_tool_call(*call) for call in calls]
     elif isinstance(message, ToolMessage):
         out["tool_call_id"] = message.tool_call_id
     return out
 
 
-def to_engine_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    return [to_engine_message(m) for m in messages]
+def to_core_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    return [to_core_message(m) for m in messages]

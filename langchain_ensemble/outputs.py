@@ -28,9 +28,9 @@ from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from core.config import Delta, Stats
-from core.events import Event
-from core.summary import request_summary
-from core.tools import TOOL_CALL_OPEN, InvalidToolCall, ToolCall
+from core.ensemble import Ensemble
+from core.integration import ResponseRecord
+from core.tool_calls import TOOL_CALL_OPEN, InvalidToolCall, ToolCall
 
 TRACE_KEY = "ensemble_events"  # per-chunk trace in generation_info (opt-in)
 
@@ -54,29 +54,31 @@ def tool_call_chunks(
     return chunks
 
 
-class Turn:
-    """One request's chunks as its deltas arrive; `aggregate` adds them up for invoke."""
+class ChunkBuilder:
+    """One request's LangChain chunks, made as its deltas arrive (what the request did so far is
+    kept in a `core.integration.ResponseRecord`); `aggregate` adds them up for invoke."""
 
-    def __init__(self, model_name: str, method_summary: dict, traced: frozenset[str] | None):
+    def __init__(self, model_name: str, ensemble: Ensemble, traced: frozenset[str] | None):
         self.model_name = model_name
-        self.method_summary = method_summary
         self.traced = traced  # event names put in the per-chunk trace; None = no trace
-        self.events: list[Event] = []  # the request's events so far, for the final summary
-        self.calls = 0  # tool calls streamed so far: the next one's index
+        self.record = ResponseRecord(ensemble)
 
     def chunk(self, delta: Delta) -> ChatGenerationChunk | None:
         """The chunk to stream for a delta, or None when it carries nothing to show."""
-        self.events.extend(delta.events)
+        calls = tool_call_chunks(delta.tool_calls, self.record.n_calls)
+        self.record.add(delta)
         final = delta.finish_reason is not None
         info = self._trace(delta, final)
-        calls = tool_call_chunks(delta.tool_calls, self.calls)
-        self.calls += len(calls)
         if final:
             message = AIMessageChunk(
                 content=delta.text,
                 tool_call_chunks=calls,
                 usage_metadata=usage_metadata(delta.stats),
-                response_metadata=self._final_metadata(delta),
+                response_metadata={
+                    "model_name": self.model_name,
+                    "finish_reason": delta.finish_reason,
+                    "ensemble": self.record.summary,
+                },
                 chunk_position="last",
             )
             return ChatGenerationChunk(message=message, generation_info=info)
@@ -91,13 +93,6 @@ class Turn:
             return None
         trace = [e.to_dict() for e in delta.events if e.name in self.traced]
         return {TRACE_KEY: trace} if trace or final else None
-
-    def _final_metadata(self, last: Delta) -> dict:
-        return {
-            "model_name": self.model_name,
-            "finish_reason": last.finish_reason,
-            "ensemble": request_summary(self.method_summary, last.stats, self.events),
-        }
 
 
 def aggregate(chunks: Iterable[ChatGenerationChunk], model_name: str) -> ChatResult:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import BaseMessage
@@ -32,10 +32,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from core.errors import InvalidConfigError
 
-from .tools import response_schema, tool_name
-
-if TYPE_CHECKING:
-    from .chat_model import ChatEnsemble
+from .tools import response_schema, tool_name, tool_specs
 
 METHODS = ("json_schema", "function_calling", "json_mode")
 
@@ -44,27 +41,28 @@ def _is_pydantic(schema: Any) -> bool:
     return isinstance(schema, type) and is_basemodel_subclass(schema)  # pydantic v2 and v1
 
 
-def _bound(model: ChatEnsemble, schema: Any, method: str, strict: bool | None) -> Runnable:
-    """The chat model with the method's settings bound; LangChain reports the
+def _binding(schema: Any, method: str, strict: bool | None) -> dict[str, Any]:
+    """The chat model's settings for the method; LangChain reports the
     `ls_structured_output_format` binding to tracers (`on_chat_model_start` options)."""
     traced = {"ls_structured_output_format": {"kwargs": {"method": method}, "schema": schema}}
     if method == "function_calling":
-        name = tool_name(schema)
-        return model.bind_tools(
-            [schema], tool_choice=name, parallel_tool_calls=False, strict=strict, **traced
-        )
+        return {
+            "tools": tool_specs([schema], strict),
+            "tool_choice": tool_name(schema),
+            "parallel_tool_calls": False,
+            **traced,
+        }
     if method == "json_schema":
         json_schema = response_schema(schema)
         title = json_schema.get("title")
         described = {"name": title if isinstance(title, str) else "response", "schema": json_schema}
         if strict is not None:
             described["strict"] = strict
-        fmt = {"type": "json_schema", "json_schema": described}
-        return model._bind_checked(response_format=fmt, **traced)
+        return {"response_format": {"type": "json_schema", "json_schema": described}, **traced}
     if schema is None:  # json_mode without a schema: any JSON object
-        return model._bind_checked(response_format={"type": "json_object"})
+        return {"response_format": {"type": "json_object"}}
     fmt = {"type": "json_object", "schema": response_schema(schema)}
-    return model._bind_checked(response_format=fmt, **traced)
+    return {"response_format": fmt, **traced}
 
 
 def _check_whole(message: BaseMessage) -> BaseMessage:
@@ -98,15 +96,10 @@ def _parser(schema: Any, method: str) -> Runnable:
     return whole | JsonOutputParser()
 
 
-def structured_output(
-    model: ChatEnsemble,
-    schema: Any,
-    method: str,
-    include_raw: bool,
-    strict: bool | None,
-    unknown: dict[str, Any],
-) -> Runnable:
-    """What `ChatEnsemble.with_structured_output` returns (see its docstring)."""
+def structured_binding(
+    schema: Any, method: str, strict: bool | None, unknown: dict[str, Any]
+) -> dict[str, Any]:
+    """What `ChatEnsemble.with_structured_output` binds (see its docstring), checked."""
     if unknown:
         raise InvalidConfigError(
             f"unknown argument(s) {', '.join(map(repr, sorted(unknown)))} for "
@@ -124,7 +117,12 @@ def structured_output(
             f'method="{method}" needs a schema (a Pydantic model, a TypedDict or a JSON schema '
             'dict); only method="json_mode" works without one.'
         )
-    bound = _bound(model, schema, method, strict)
+    return _binding(schema, method, strict)
+
+
+def structured_runnable(bound: Runnable, schema: Any, method: str, include_raw: bool) -> Runnable:
+    """The bound chat model followed by the method's parser (with `include_raw`, the raw
+    message, the parsed answer and a parsing error, as LangChain's providers return them)."""
     parser = _parser(schema, method)
     if not include_raw:
         return bound | parser

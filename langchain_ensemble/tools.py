@@ -1,9 +1,9 @@
-"""LangChain's tool and schema kinds -> the engine's OpenAI-style tool dicts and JSON schemas.
+"""LangChain's tool and schema kinds -> the engine's `ToolSpec`s and JSON schemas.
 
 LangChain describes functions, `BaseTool`s, Pydantic models (v2 and v1), TypedDicts and JSON
-schemas with one converter (`convert_to_openai_tool`); its output is what the engine takes
-(`GenerationConfig.tools`), and the engine checks every schema. Here only the conversion, with
-a clear error for what LangChain cannot describe.
+schemas with one converter (`convert_to_openai_tool`); the core turns its output into a checked
+`ToolSpec` (`core.tools.tool_spec`), once, when the tools are bound. Here only the conversion,
+with a clear error for what LangChain cannot describe.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from pydantic import BaseModel
 
 from core.errors import InvalidConfigError
+from core.tools import ToolSpec, tool_spec
 
 _KINDS = (
     "a function with a docstring, a BaseTool, a Pydantic model, a TypedDict, an OpenAI tool "
@@ -26,43 +27,48 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def openai_tools(tools: Any, strict: bool | None = None) -> list[dict[str, Any]]:
-    """Each tool as an OpenAI tool dict; `strict=True` makes every argument required and no
-    other key allowed (OpenAI's strict mode), which the engine's grammar then enforces."""
+def _openai_tool(tool: Any, index: int, strict: bool | None) -> dict[str, Any]:
+    try:
+        return convert_to_openai_tool(tool, strict=strict)
+    except (ValueError, TypeError, KeyError) as error:
+        raise InvalidConfigError(
+            f"tool #{index} ({str(tool)[:80]}) cannot be described as a tool "
+            f"({_first_line(error)}); pass {_KINDS}."
+        ) from error
+
+
+def tool_specs(tools: Any, strict: bool | None = None) -> tuple[ToolSpec, ...]:
+    """Each tool as a checked `ToolSpec` (specs already made pass as they are); `strict=True`
+    makes every argument required and no other key allowed (OpenAI's strict mode), which the
+    engine's grammar then enforces. Names are not checked for uniqueness here: see
+    `one_per_name`."""
     if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence):
         raise InvalidConfigError(
             f"tools must be a list, not a {type(tools).__name__}; wrap a single tool in a list."
         )
-    converted = []
+    specs = []
     for index, tool in enumerate(tools):
-        try:
-            converted.append(convert_to_openai_tool(tool, strict=strict))
-        except (ValueError, TypeError, KeyError) as error:
-            raise InvalidConfigError(
-                f"tool #{index} ({str(tool)[:80]}) cannot be described as a tool "
-                f"({_first_line(error)}); pass {_KINDS}."
-            ) from error
-    return converted
+        if isinstance(tool, ToolSpec):
+            if strict is None:
+                specs.append(tool)
+                continue
+            tool = tool.to_openai()
+        specs.append(tool_spec(_openai_tool(tool, index, strict), index))
+    return tuple(specs)
 
 
-def one_per_name(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def one_per_name(tools: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
     """The tools without a second one of the same name (for checks that must not refuse a
-    duplicate yet); tools without a name are all kept, for the engine to judge."""
-    seen: set[str] = set()
-    kept = []
+    duplicate yet)."""
+    first = {}
     for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or name not in seen:
-            kept.append(tool)
-        if isinstance(name, str):
-            seen.add(name)
-    return kept
+        first.setdefault(tool.name, tool)
+    return tuple(first.values())
 
 
 def tool_name(schema: Any) -> str:
     """The name LangChain gives a schema when it is bound as a tool."""
-    return openai_tools([schema])[0]["function"]["name"]
+    return _openai_tool(schema, 0, None)["function"]["name"]
 
 
 def response_schema(schema: Any) -> dict[str, Any]:

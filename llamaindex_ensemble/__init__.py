@@ -21,6 +21,7 @@ from .events import (
     EnsembleSkipMismatchEvent,
     EnsembleTokenEvent,
     EnsembleToolCallEvent,
+    EnsembleTrustUpdatedEvent,
     EnsembleWeightsUpdatedEvent,
     to_instrumentation,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "EnsembleSkipMismatchEvent",
     "EnsembleTokenEvent",
     "EnsembleToolCallEvent",
+    "EnsembleTrustUpdatedEvent",
     "EnsembleWeightsUpdatedEvent",
     "to_instrumentation",
 ]

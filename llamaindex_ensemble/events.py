@@ -63,6 +63,10 @@ class EnsembleWeightsUpdatedEvent(EnsembleEvent):
     """SpecEM's online feedback moved the voting weights (`WeightsUpdated`)."""
 
 
+class EnsembleTrustUpdatedEvent(EnsembleEvent):
+    """The ensemble's member trust learned from a decision (`TrustUpdated`)."""
+
+
 class EnsembleMemberFailedEvent(EnsembleEvent):
     """A member failed during the request (`MemberFailed`)."""
 
@@ -85,6 +89,7 @@ EVENT_CLASSES: dict[type[core_events.Event], type[EnsembleEvent]] = {
     core_events.SegmentCandidates: EnsembleSegmentCandidatesEvent,
     core_events.SegmentSelected: EnsembleSegmentSelectedEvent,
     core_events.WeightsUpdated: EnsembleWeightsUpdatedEvent,
+    core_events.TrustUpdated: EnsembleTrustUpdatedEvent,
     core_events.MemberFailed: EnsembleMemberFailedEvent,
     core_events.ToolCallEvent: EnsembleToolCallEvent,
     core_events.GrammarForced: EnsembleGrammarForcedEvent,

@@ -4,8 +4,10 @@ Wiring only, no algorithm: messages are mapped to the core's form (each member r
 its own chat template), the core `Ensemble` generates, its deltas become LlamaIndex responses,
 and its events become instrumentation events. Those are dispatched by the consumer of the
 response (in its context, so `instrument_tags` apply) with the span id of the LLM call, next to
-LlamaIndex's own `LLMChatInProgressEvent`s. The async methods run the engine on a worker thread
-(`core.concurrency.iterate_in_thread`), so the event loop keeps running while models compute.
+LlamaIndex's own `LLMChatInProgressEvent`s. Loading, the model name and a call's settings come
+from the adapter kit both adapters share (`core.integration`). The async methods run the engine
+on a worker thread (`core.concurrency.iterate_in_thread`), so the event loop keeps running while
+models compute.
 
 A `FunctionCallingLLM`: tools, tool_choice and structured output go to the engine, whose grammar
 enforces them in every method; calls come back as `ToolCallBlock`s in the same one request path.
@@ -13,9 +15,7 @@ enforces them in every method; calls come back as `ToolCallBlock`s in the same o
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import (
@@ -48,19 +48,23 @@ from llama_index.core.types import PydanticProgramMode
 from core import Delta, Ensemble, GenerationConfig, InvalidConfigError
 from core.concurrency import iterate_in_thread
 from core.events import Event
-from core.loading import check_model_source
-from core.methods import check_method
-from core.remote import Remote, source_label
-from core.shared import shared_ensemble
+from core.integration import (
+    ALIASES,
+    LOADING_FIELDS,
+    EnsembleHandle,
+    EnsembleSettings,
+    ResponseRecord,
+    generation_config,
+)
+from core.remote import Remote
 from core.sources import model_sources, public_sources
-from core.summary import request_summary
-from core.tools import InvalidToolCall, ToolCall
+from core.tool_calls import ToolCall
 
 from .events import to_instrumentation
 from .messages import completion_messages, to_core_messages
 from .responses import chat_response, collected, completion_response, raw_info
 from .structured import structured_kwargs, structured_result
-from .tools import openai_tools, tool_call_blocks, tool_selections
+from .tools import tool_call_blocks, tool_selections, tool_specs
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -68,7 +72,6 @@ if TYPE_CHECKING:
 dispatcher = get_dispatcher(__name__)
 
 _GENERATION = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
-_ALIASES = {"max_tokens": "max_new_tokens"}  # what LlamaIndex users often pass per call
 # Per-call tool settings (chat_with_tools, structured_predict), passed to the engine, which
 # checks them; `tool_required=True` is tool_choice "required" unless a tool_choice is given.
 _TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
@@ -77,44 +80,74 @@ _LOADING = ("models", "method", "method_options", "device", "dtype", "names")
 MakeResponse = Callable[[str, str | None, dict[str, Any], list[ToolCall]], Any]
 
 
-@dataclass
-class _SoFar:
-    """A request's text, tool calls and events up to the current delta."""
-
-    text: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
-    invalid: list[InvalidToolCall] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-
-
 class EnsembleLLM(FunctionCallingLLM):
-    """Local models of different tokenizers, ensembled at inference time, as one chat LLM.
+    """Several local causal LMs (different tokenizers welcome), ensembled at inference time, as
+    one LlamaIndex chat LLM.
 
-    >>> llm = EnsembleLLM(models=core.testbed.model_paths(), method="safe")
-    >>> llm.complete("Tom has 3 apples. He buys 2 more. How many apples does Tom have now?")
+    Setup:
+        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
+        Construction checks the paths and loads nothing: the first request loads the models,
+        once per configuration (`models`, `method`, `method_options`, `device`, `dtype`,
+        `names`) for every instance. `ensemble=` wraps an `Ensemble` you built yourself.
 
-    Models load on first use (not at construction) and are shared by every EnsembleLLM with
-    the same loading configuration. `ensemble=` wraps an `Ensemble` you built yourself.
+    Key init args:
+        models: the members; SAFE drafts with the first. names: member names in events/stats.
+        method: "safe" | "specem" | "token" | "single"; method_options: its options.
+        device, dtype: one for all, or one per member.
+        max_new_tokens, temperature, top_p, seed, stop: generation settings (greedy by
+            default), each overridable per call (`complete(..., temperature=0.7)`).
+        on_event: called with every core event as it happens.
 
-    Tools: `chat_with_tools(tools, user_msg=..., tool_required=..., tool_choice=...)` (and its
-    async and streaming forms, which `FunctionAgent` calls), or `chat(messages, tools=[...],
-    tool_choice=..., tool_required=..., parallel_tool_calls=...)`; calls are `ToolCallBlock`s
-    in the response message. `structured_predict(Model, prompt)` constrains the answer to the
-    model's JSON schema (`response_format=` per call does the same for chat and complete).
+    Instantiate:
+        ```python
+        llm = EnsembleLLM(models=core.testbed.model_paths(), method="safe")
+        llm = EnsembleLLM(ensemble=Ensemble.from_pretrained([...], method="specem"))
+        Settings.llm = llm  # llama_index.core.Settings
+        ```
+
+    Invoke:
+        ```python
+        llm.complete("Tom has 3 apples. He buys 2 more. How many apples does Tom have now?")
+        llm.chat([ChatMessage(role="user", content="...")])
+        ```
+        Each member renders the messages with its own chat template (never LlamaIndex's
+        generic `messages_to_prompt`); `complete` is one user turn.
+
+    Stream:
+        ```python
+        for response in llm.stream_chat(messages):
+            print(response.delta, end="")
+        ```
+        `achat`/`astream_chat`/`acomplete`/`astream_complete` run the engine on a worker thread:
+        the event loop keeps running, and concurrent requests share one engine.
+
+    Tools:
+        `chat_with_tools(tools, user_msg=..., tool_required=..., tool_choice=...)` (and its
+        async and streaming forms, which `FunctionAgent` calls), or `chat(messages, tools=[...],
+        tool_choice=..., tool_required=..., parallel_tool_calls=...)`; calls are
+        `ToolCallBlock`s in the response message, and `get_tool_calls_from_response` reads
+        them. The engine's grammar keeps each call valid for its tool's schema.
+
+    Structured output:
+        `structured_predict(Model, prompt)` (and its async and streaming forms) constrains the
+        answer to the model's JSON schema; `response_format=` per call does the same for chat
+        and complete.
+
+    Events:
+        What the method did arrives as `llama_index.core.instrumentation` events
+        (`llamaindex_ensemble.EnsembleEvent` and one subclass per core event) on the root
+        dispatcher, within the LLM call's span; each response's `raw["events"]` holds its
+        chunk's events, the last one `raw["usage"]`, `raw["stats"]` and the request summary
+        under `raw["ensemble"]` (`core.summary.request_summary`).
     """
 
-    models: list[str | Remote] = Field(
-        default_factory=list,
-        description="Local model directories, hub ids, or Remote(...) members served by vLLM "
-        "(SAFE drafts with the first).",
-    )
-    method: str = Field(default="safe", description="'safe' | 'specem' | 'token' | 'single'.")
-    method_options: dict[str, Any] = Field(
-        default_factory=dict, description="Options of the method, e.g. {'member': 1}."
-    )
-    device: str | list[str] = Field(default="auto", description="One device, or one per model.")
-    dtype: str | list[str] = Field(default="auto", description="One dtype, or one per model.")
-    names: list[str] | None = Field(default=None, description="Member names in events/stats.")
+    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    method: str = Field(**LOADING_FIELDS["method"])
+    method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
+    device: str | list[str] = Field(**LOADING_FIELDS["device"])
+    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
+    names: list[str] | None = Field(**LOADING_FIELDS["names"])
     max_new_tokens: int = Field(default=256, description="Output tokens per call (num_output).")
     temperature: float = Field(default=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, description="Nucleus sampling when temperature > 0.")
@@ -126,7 +159,7 @@ class EnsembleLLM(FunctionCallingLLM):
         default=None, exclude=True, description="Called with every core event, as it happens."
     )
 
-    _engine: Ensemble | None = PrivateAttr(default=None)
+    _handle: EnsembleHandle = PrivateAttr(default_factory=EnsembleHandle)
 
     @field_serializer("models")
     def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
@@ -142,59 +175,41 @@ class EnsembleLLM(FunctionCallingLLM):
                     f"pass either ensemble= or {', '.join(given)}, not both: an Ensemble is "
                     "already loaded with its models and method."
                 )
+            settings = EnsembleSettings.of(ensemble)
             data.update(
-                models=[m.name for m in ensemble.members],
-                method=ensemble.method_name,
-                method_options=dict(ensemble.options),
+                models=list(settings.models),
+                method=settings.method,
+                method_options=dict(settings.method_options),
             )
         super().__init__(**data)
-        self._engine = ensemble
-        if ensemble is None:
-            if not self.models:
-                raise InvalidConfigError(
-                    "models is empty; pass local model directories or hub ids, e.g. "
-                    "EnsembleLLM(models=core.testbed.model_paths()), or ensemble=Ensemble(...)."
-                )
-            check_method(self.method, len(self.models), self.method_options)  # before loading
-            for model in self.models:  # a wrong path fails now; loading waits for first use
-                if not isinstance(model, Remote):
-                    check_model_source(model)
-            for what in ("device", "dtype", "names"):
-                value = getattr(self, what)
-                if isinstance(value, list) and len(value) != len(self.models):
-                    raise InvalidConfigError(
-                        f"{what} has {len(value)} entries for {len(self.models)} models; pass "
-                        "one per model, or a single value for all."
-                    )
-        self._generation({})  # bad defaults fail here, not at the first call
+        self._handle = EnsembleHandle(ensemble)
+        if ensemble is None:  # a wrong path fails now; loading waits for first use
+            self._settings.check("EnsembleLLM(ensemble=...)")
+        self._call_config({})  # bad defaults fail here, not at the first call
 
     @classmethod
     def class_name(cls) -> str:
         return "EnsembleLLM"
 
     @property
-    def engine(self) -> Ensemble:
+    def _settings(self) -> EnsembleSettings:
+        return EnsembleSettings(
+            self.models, self.method, self.method_options, self.device, self.dtype, self.names
+        )
+
+    @property
+    def ensemble(self) -> Ensemble:
         """The core Ensemble (loaded on first use, shared between same-configuration LLMs)."""
-        if self._engine is None:
-            self._engine = shared_ensemble(
-                self.models,
-                self.method,
-                device=self.device,
-                dtype=self.dtype,
-                names=self.names,
-                **self.method_options,
-            )
-        return self._engine
+        return self._handle.get(self._settings)
 
     @property
     def metadata(self) -> LLMMetadata:
-        members = self.engine.method.active
         return LLMMetadata(
-            context_window=min(m.context_window for m in members),  # prompts must fit them all
+            context_window=self.ensemble.context_window,  # prompts must fit every member
             num_output=self.max_new_tokens,
             is_chat_model=True,
             is_function_calling_model=True,
-            model_name=self._label(),
+            model_name=self._settings.label,
         )
 
     # --- LlamaIndex API ------------------------------------------------------------------
@@ -249,10 +264,6 @@ class EnsembleLLM(FunctionCallingLLM):
 
     # --- wiring ----------------------------------------------------------------------------
 
-    def _label(self) -> str:
-        names = self.names or [source_label(m) for m in self.models]
-        return f"ensemble-{self.method}:{'+'.join(names)}"
-
     def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]]:
         """`formatted=True`: the caller already applied its prompt wrapping; the members' chat
         templates are applied either way (a raw prompt cannot suit three templates)."""
@@ -260,60 +271,46 @@ class EnsembleLLM(FunctionCallingLLM):
             return completion_messages(prompt)
         return completion_messages(self.completion_to_prompt(prompt), self.system_prompt)
 
-    def _generation(self, overrides: dict[str, Any], chat: bool = True) -> GenerationConfig:
-        settings: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "stop": tuple(self.stop or ()),
-        }
-        tooling: dict[str, Any] = {}
-        for key, value in overrides.items():
-            name = _ALIASES.get(key, key)
-            if name in _TOOL_SETTINGS or name == "tool_required":
-                tooling[name] = value
-                continue
-            if name not in settings:
-                accepted = ", ".join(sorted([*_GENERATION, *_ALIASES, *_TOOL_SETTINGS]))
-                raise InvalidConfigError(
-                    f"unknown keyword argument {key!r} for EnsembleLLM; per-call settings are: "
-                    f"{accepted}, tool_required."
-                )
-            settings[name] = value
-        return GenerationConfig(**settings, **self._tool_settings(tooling, chat))
-
-    @staticmethod
-    def _tool_settings(tooling: dict[str, Any], chat: bool) -> dict[str, Any]:
-        required = tooling.pop("tool_required", False)
+    def _call_config(self, kwargs: dict[str, Any], chat: bool = True) -> GenerationConfig:
+        """The call's one GenerationConfig: the instance's settings, overridden by the call's
+        keyword arguments (`chat=False`: `complete`, which takes no tools)."""
+        call = dict(kwargs)
+        unknown = [k for k in call if ALIASES.get(k, k) not in (*_GENERATION, *_TOOL_SETTINGS)]
+        unknown = [k for k in unknown if k != "tool_required"]
+        if unknown:
+            accepted = ", ".join(sorted([*_GENERATION, *ALIASES, *_TOOL_SETTINGS]))
+            raise InvalidConfigError(
+                f"unknown keyword argument {unknown[0]!r} for EnsembleLLM; per-call settings "
+                f"are: {accepted}, tool_required."
+            )
+        required = call.pop("tool_required", False)
         if not isinstance(required, bool):
             raise InvalidConfigError(f"tool_required must be True or False, got {required!r}.")
-        if required and tooling.get("tool_choice") is None:
-            tooling["tool_choice"] = "required"
-        tooling = {k: v for k, v in tooling.items() if v is not None}
-        if "tools" in tooling:
+        if required and call.get("tool_choice") is None:
+            call["tool_choice"] = "required"
+        if call.get("tools") is not None:
             if not chat:
                 raise InvalidConfigError(
                     "complete() returns text only, so it takes no tools; call chat() or "
                     "chat_with_tools() to get ToolCallBlocks back."
                 )
-            tooling["tools"] = openai_tools(tooling["tools"])
-        return tooling
+            call["tools"] = tool_specs(call["tools"])
+        defaults = {name: getattr(self, name) for name in _GENERATION}
+        return generation_config(defaults, call)
 
     def _start(
         self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
     ) -> tuple[Iterator[Delta], Any]:
         """Validate and set up the request now (bad input fails at the call, not at the first
         chunk) and remember the LLM call's span for the events dispatched later."""
-        config = self._generation(kwargs, chat)
-        deltas = self.engine.stream(messages, config, on_event=self.on_event)
+        config = self._call_config(kwargs, chat)
+        deltas = self.ensemble.stream(messages, config, on_event=self.on_event)
         return deltas, active_span_id.get()
 
     async def _astart(
         self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
     ) -> tuple[AsyncIterator[Delta], Any]:
-        if self._engine is None:  # loading takes seconds: not on the event loop
-            await asyncio.to_thread(lambda: self.engine)
+        await self._handle.aget(self._settings)  # a first load (seconds): off the event loop
         deltas, span = self._start(messages, kwargs, chat)
         return iterate_in_thread(deltas), span
 
@@ -321,36 +318,30 @@ class EnsembleLLM(FunctionCallingLLM):
     # per-delta step, shared by sync and async), and the non-streaming calls return those same
     # responses added up (`responses.collected`).
 
-    def _respond(self, delta: Delta, span: Any, make: MakeResponse, so_far: _SoFar) -> Any:
+    def _respond(self, delta: Delta, span: Any, make: MakeResponse, record: ResponseRecord) -> Any:
         """Dispatch a delta's events (in the consumer's context, within the LLM call's span)
         and build its streamed response."""
         for event in delta.events:
-            dispatcher.event(to_instrumentation(event, span, self._label()))
-        so_far.text += delta.text
-        so_far.events.extend(delta.events)
-        for call in delta.tool_calls:
-            (so_far.calls if isinstance(call, ToolCall) else so_far.invalid).append(call)
-        ensemble = None
-        if delta.stats is not None:  # the last delta: the request's summary
-            ensemble = request_summary(self.engine.summary(), delta.stats, so_far.events)
-        raw = raw_info(delta.events, delta, ensemble, so_far.invalid)
-        return make(so_far.text, delta.text, raw, list(so_far.calls))
+            dispatcher.event(to_instrumentation(event, span, self._settings.label))
+        record.add(delta)
+        raw = raw_info(delta.events, delta, record.summary, record.invalid_calls)
+        return make(record.text, delta.text, raw, list(record.calls))
 
     def _responses(self, deltas: Iterator[Delta], span: Any, make: MakeResponse) -> Iterator:
-        so_far = _SoFar()
+        record = ResponseRecord(self.ensemble)
         try:
             for delta in deltas:
-                yield self._respond(delta, span, make, so_far)
+                yield self._respond(delta, span, make, record)
         finally:
             deltas.close()  # a consumer that stops early frees the engine at once
 
     async def _aresponses(
         self, deltas: AsyncIterator[Delta], span: Any, make: MakeResponse
     ) -> AsyncIterator:
-        so_far = _SoFar()
+        record = ResponseRecord(self.ensemble)
         try:
             async for delta in deltas:
-                yield self._respond(delta, span, make, so_far)
+                yield self._respond(delta, span, make, record)
         finally:
             await deltas.aclose()
 
@@ -377,7 +368,7 @@ class EnsembleLLM(FunctionCallingLLM):
             messages.append(user_msg)
         return {
             "messages": messages,
-            "tools": openai_tools(tools),
+            "tools": tool_specs(tools),
             "tool_choice": tool_choice,
             "tool_required": tool_required,
             "parallel_tool_calls": allow_parallel_tool_calls,
@@ -411,6 +402,14 @@ class EnsembleLLM(FunctionCallingLLM):
         return selections
 
     # --- structured output: the output class's JSON schema as the grammar -------------------
+    # One path: `_structured_request` starts it (the start event, the prompt's messages, chat's
+    # arguments with the schema as response_format); each entry point then runs the chat call
+    # LlamaIndex names it after, and `_structured_answer` (or the partial objects) reads the
+    # answer back. With `pydantic_program_mode` other than DEFAULT, LlamaIndex's own programs run.
+
+    @property
+    def _llamaindex_programs(self) -> bool:
+        return self.pydantic_program_mode != PydanticProgramMode.DEFAULT
 
     @dispatcher.span
     def structured_predict(
@@ -420,16 +419,11 @@ class EnsembleLLM(FunctionCallingLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> BaseModel:
-        """An instance of `output_cls`: the answer is constrained to its JSON schema (with
-        `pydantic_program_mode` other than DEFAULT, LlamaIndex's own programs run instead)."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+        """An instance of `output_cls`: the answer is constrained to its JSON schema."""
+        if self._llamaindex_programs:
             return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        self._structured_start(output_cls, prompt, prompt_args)
-        messages = self._get_messages(prompt, **prompt_args)
-        response = self.chat(messages, **structured_kwargs(output_cls, llm_kwargs))
-        result = structured_result(output_cls, response)
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        return self._structured_answer(output_cls, self.chat(messages, **kwargs))
 
     @dispatcher.span
     async def astructured_predict(
@@ -439,14 +433,10 @@ class EnsembleLLM(FunctionCallingLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> BaseModel:
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+        if self._llamaindex_programs:
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        self._structured_start(output_cls, prompt, prompt_args)
-        messages = self._get_messages(prompt, **prompt_args)
-        response = await self.achat(messages, **structured_kwargs(output_cls, llm_kwargs))
-        result = structured_result(output_cls, response)
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        return self._structured_answer(output_cls, await self.achat(messages, **kwargs))
 
     @dispatcher.span
     def stream_structured_predict(
@@ -458,12 +448,10 @@ class EnsembleLLM(FunctionCallingLLM):
     ) -> Generator[BaseModel, None, None]:
         """Partial objects as the JSON grows (LlamaIndex's `FlexibleModel`s), then the
         validated instance."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+        if self._llamaindex_programs:
             return super().stream_structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        self._structured_start(output_cls, prompt, prompt_args)
-        messages = self._get_messages(prompt, **prompt_args)
-        responses = self.stream_chat(messages, **structured_kwargs(output_cls, llm_kwargs))
-        return self._partial_objects(output_cls, responses)
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        return self._partial_objects(output_cls, self.stream_chat(messages, **kwargs))
 
     @dispatcher.span
     async def astream_structured_predict(
@@ -473,20 +461,28 @@ class EnsembleLLM(FunctionCallingLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> AsyncGenerator[BaseModel, None]:
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
+        if self._llamaindex_programs:
             return await super().astream_structured_predict(
                 output_cls, prompt, llm_kwargs, **prompt_args
             )
-        self._structured_start(output_cls, prompt, prompt_args)
-        messages = self._get_messages(prompt, **prompt_args)
-        responses = await self.astream_chat(messages, **structured_kwargs(output_cls, llm_kwargs))
+        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
+        responses = await self.astream_chat(messages, **kwargs)
         return self._apartial_objects(output_cls, responses)
 
-    def _structured_start(self, output_cls: type, prompt: Any, prompt_args: dict) -> None:
+    def _structured_request(
+        self, output_cls: type, prompt: Any, llm_kwargs: dict | None, prompt_args: dict
+    ) -> tuple[list[ChatMessage], dict[str, Any]]:
         start = LLMStructuredPredictStartEvent(
             output_cls=output_cls, template=prompt, template_args=prompt_args
         )
         dispatcher.event(start)
+        kwargs = structured_kwargs(output_cls, llm_kwargs)
+        return self._get_messages(prompt, **prompt_args), kwargs
+
+    def _structured_answer(self, output_cls: type[BaseModel], response: ChatResponse) -> BaseModel:
+        result = structured_result(output_cls, response)
+        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
+        return result
 
     def _partial_object(self, output_cls: type[BaseModel], response: ChatResponse, so_far: list):
         """The object so far: the validated instance on the last response, else LlamaIndex's

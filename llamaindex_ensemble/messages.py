@@ -23,7 +23,7 @@ from llama_index.core.base.llms.types import (
 
 from core import InvalidMessagesError
 
-from .tools import engine_tool_call
+from .tools import core_tool_call
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -62,7 +62,7 @@ def to_core_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         core: dict[str, Any] = {"role": role, "content": _text(message, index)}
         calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
         if role == "assistant" and calls:
-            core["tool_calls"] = [engine_tool_call(block) for block in calls]
+            core["tool_calls"] = [core_tool_call(block) for block in calls]
         call_id = message.additional_kwargs.get("tool_call_id")
         if role == "tool" and isinstance(call_id, str):
             core["tool_call_id"] = call_id  # (the core names the tool from its call)

@@ -29,7 +29,7 @@ from llama_index.core.base.llms.types import (
 
 from core import Delta
 from core.events import Event
-from core.tools import InvalidToolCall, ToolCall
+from core.tool_calls import InvalidToolCall, ToolCall
 
 from .tools import tool_call_block
 

@@ -1,9 +1,9 @@
 """LlamaIndex tools and tool calls <-> the engine's (pure functions, no state).
 
 LlamaIndex tools describe themselves as OpenAI tool dicts (`tool.metadata.to_openai_tool()`),
-which is what the engine takes; a call the engine made becomes a `ToolCallBlock` in the
-assistant message (what `FunctionAgent` keeps in its history) and a `ToolSelection` for
-`get_tool_calls_from_response`.
+which the core turns into checked `ToolSpec`s (`core.tools.tool_spec`), once. A call the engine
+made becomes a `ToolCallBlock` in the assistant message (what `FunctionAgent` keeps in its
+history) and a `ToolSelection` for `get_tool_calls_from_response`.
 """
 
 from __future__ import annotations
@@ -16,20 +16,26 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 
 from core.errors import InvalidConfigError
-from core.tools import ToolCall
+from core.tool_calls import ToolCall
+from core.tools import ToolSpec, tool_spec
 
 
-def openai_tools(tools: Any) -> list[Any]:
-    """`BaseTool`s as OpenAI tool dicts; dicts pass as they are (the engine checks them)."""
+def tool_specs(tools: Any) -> tuple[ToolSpec, ...]:
+    """`BaseTool`s, OpenAI tool dicts and specs already made, each as a checked `ToolSpec`."""
     if isinstance(tools, (str, bytes, dict)) or not isinstance(tools, Sequence):
         raise InvalidConfigError(
             f"tools must be a list of LlamaIndex tools or OpenAI tool dicts, not a "
             f"{type(tools).__name__}; wrap a single tool in a list."
         )
-    return [
-        tool.metadata.to_openai_tool(skip_length_check=True) if isinstance(tool, BaseTool) else tool
-        for tool in tools
-    ]
+    return tuple(
+        tool_spec(
+            tool.metadata.to_openai_tool(skip_length_check=True)
+            if isinstance(tool, BaseTool)
+            else tool,
+            index,
+        )
+        for index, tool in enumerate(tools)
+    )
 
 
 def tool_call_block(call: ToolCall) -> ToolCallBlock:
@@ -51,7 +57,7 @@ def tool_selections(response: ChatResponse) -> list[ToolSelection]:
     ]
 
 
-def engine_tool_call(block: ToolCallBlock) -> dict[str, Any]:
+def core_tool_call(block: ToolCallBlock) -> dict[str, Any]:
     """A call of an assistant turn in the history, in the engine's message form."""
     call: dict[str, Any] = {
         "type": "function",

@@ -11,27 +11,53 @@ from core import HFMember
 class Scripted(HFMember):
     """A real testbed tokenizer whose "model" spells fixed texts in its canonical tokenization:
     the next token is a mixture of the next tokens of the scripts the ids so far are a prefix
-    of (weighted; the stop after a script's end); off every script it is uniform. Deterministic
-    members for exact expectations."""
+    of (weighted; the stop after a script's end); off every script it is uniform, or, given
+    `off`, the first token of `off` (a member that always says the same wrong thing). `sure`
+    below 1 spreads the rest of each row's mass evenly over the vocabulary (an unsure member,
+    whose likeliest token is still the script's). Deterministic members for exact
+    expectations."""
 
-    def __init__(self, base: HFMember, scripts, name: str) -> None:
+    def __init__(
+        self, base: HFMember, scripts, name: str, off: str | None = None, sure: float = 1.0
+    ) -> None:
         super().__init__(name, base.model, base.tokenizer)
         scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
         self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
         self.stop = base.tokenizer.eos_token_id
+        self.off = None if off is None else self.canonical_ids(off)[0]
+        self.sure = sure
 
     def _row(self, seq: list[int]) -> torch.Tensor:
         probs = torch.zeros(self.vocab.size, dtype=torch.float64)
         for script, weight in self.scripts:
             if seq == script[: len(seq)]:
                 probs[script[len(seq)] if len(seq) < len(script) else self.stop] += weight
+        if not probs.sum() and self.off is not None:
+            probs[self.off] = 1.0
         if not probs.sum():
             return torch.log_softmax(torch.zeros(self.vocab.size), -1)
-        return torch.log((probs / probs.sum()).clamp_min(1e-13)).float()
+        probs = self.sure * probs / probs.sum() + (1 - self.sure) / self.vocab.size
+        return torch.log(probs.clamp_min(1e-13)).float()
 
-    def logprobs(self, boundaries):
+    def _model_logprobs(self, boundaries):
         self.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
+
+    def score(self, continuations, *, base=None, ends=None, raw=False):
+        """Each continuation's token log-probs from the scripts (SpecEM's verification)."""
+        self.calls += 1
+        base = self.text if base is None else base
+        prefix, scores = self.canonical_ids(base), []
+        for k, text in enumerate(continuations):
+            ids = self.canonical_ids(base + text)
+            n = 0
+            while n < min(len(prefix), len(ids)) and prefix[n] == ids[n]:
+                n += 1
+            values = [float(self._row(ids[:j])[ids[j]]) for j in range(n, len(ids))]
+            if ends is not None and ends[k]:
+                values.append(float(self._row(ids)[self.stop]))
+            scores.append(torch.tensor(values))
+        return scores
 
     def branch_logprobs(self, boundary, branches):
         return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from core import Delta, Ensemble, GenerationConfig, Stats
-from core.tools import ToolCall, ToolCallStream, format_tool_call
+from core.tool_calls import ToolCall, ToolCallStream, format_tool_call
 
 
 def call_text(name: str, arguments: dict) -> str:

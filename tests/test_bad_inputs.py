@@ -10,6 +10,10 @@ to one line each.
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from core import (
@@ -25,6 +30,7 @@ from core import (
     GenerationConfig,
     InvalidConfigError,
     InvalidMessagesError,
+    MissingWeightsError,
     ModelNotFoundError,
 )
 from core.testbed import model_paths
@@ -48,12 +54,47 @@ class Env:
         """A file inside a model directory (a common slip: passing config.json itself)."""
         return f"{self.paths[0]}/config.json"
 
+    def damaged_model(self, how: str) -> str:
+        """A copy of a shipped model whose weights are damaged, or a pickle that runs code."""
+        folder = self.tmp / how
+        shutil.copytree(self.paths[0], folder)
+        weights = folder / "model.safetensors"
+        if how == "truncated":
+            weights.write_bytes(weights.read_bytes()[:1000])
+        elif how == "pickle":
+            weights.unlink()
+            torch.save({"x": _RunsCode()}, folder / "pytorch_model.bin")
+        return str(folder)
+
     @property
     def lone_file(self) -> str:
         """A weights file that is in no model directory."""
         path = self.tmp / "model.gguf"
         path.write_bytes(b"GGUF")
         return str(path)
+
+
+class _RunsCode:
+    """Unpickled, it would run a shell command: a hostile pickled checkpoint."""
+
+    def __reduce__(self):
+        return (os.system, ("echo unpickled",))
+
+
+def _nested(levels: int) -> dict:
+    """An object schema `levels` objects deep."""
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def _deep_call(levels: int) -> list[dict]:
+    arguments: dict = {}
+    for _ in range(levels):
+        arguments = {"a": arguments}
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": arguments}}
+    return [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [call]}]
 
 
 Call = Callable[[Env], Any]
@@ -186,6 +227,14 @@ FROM_PRETRAINED = [
         "its options are: member"),
     row("method-needs-two", pretrained(first_model, method="safe"), InvalidConfigError,
         "pass more models, or use method='single'"),
+    row("prefix_reuse-string", pretrained(first_model, prefix_reuse="no"), InvalidConfigError,
+        "pass prefix_reuse=True or prefix_reuse=False"),
+    row("weights-damaged", pretrained(lambda env: [env.damaged_model("truncated")]),
+        MissingWeightsError, "model.safetensors' is damaged (SafetensorError"),
+    row("weights-pickle-that-runs-code", pretrained(lambda env: [env.damaged_model("pickle")],
+        use_safetensors=False), MissingWeightsError,
+        "pytorch_model.bin' could not be loaded as plain tensors (Trying to load unsupported "
+        "GLOBAL posix.system"),
 ]  # fmt: skip
 
 GENERATE = [
@@ -201,6 +250,8 @@ GENERATE = [
         "unknown generation setting(s) max_tokens; use"),
     row("stream-top_p-nan", stream(top_p=NAN), InvalidConfigError, "pass e.g. top_p=0.9"),
     row("stream-stop-empty", stream(stop=""), InvalidConfigError, "entry 0 is an empty string"),
+    row("on_event-not-callable", stream(on_event="print"), InvalidConfigError,
+        "on_event must be a function that takes one event, or None; got 'print' (a str)"),
 ]  # fmt: skip
 
 METHOD_OPTIONS = [
@@ -222,8 +273,8 @@ METHOD_OPTIONS = [
         "use one of False, True, 'oov'"),
     row("safe-heal-zero", method("safe", heal=0), InvalidConfigError,
         "heal=0 is not supported; use one of False, True, 'oov'"),
-    row("safe-preset-unknown", method("safe", preset="paper"), InvalidConfigError,
-        "use one of 'authors'"),
+    row("safe-preset-unknown", method("safe", preset="arxiv"), InvalidConfigError,
+        "use one of 'paper', 'authors'"),
     row("specem-segment_tokens-bool", method("specem", segment_tokens=True), InvalidConfigError,
         "got True, a bool; pass e.g. segment_tokens=10"),
     row("specem-lr-nan", method("specem", lr=NAN), InvalidConfigError, "pass e.g. lr=1.0"),
@@ -254,6 +305,8 @@ ENSEMBLE_SETTINGS = [
         "max_queue='8' must be a positive integer or None"),
     row("queue_timeout-negative", method("single", queue_timeout=-1), InvalidConfigError,
         "queue_timeout=-1 must be seconds > 0, or None"),
+    row("prefix_reuse-no", method("single", prefix_reuse="no"), InvalidConfigError,
+        "prefix_reuse must be True or False, got 'no', a string"),
 ]  # fmt: skip
 
 MESSAGES = [
@@ -269,6 +322,9 @@ MESSAGES = [
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": {}}}]},
     ]), InvalidMessagesError, "name"),
+    row("tool-call-arguments-2000-deep",
+        lambda env: env.ensemble("single").stream(_deep_call(2000)), InvalidMessagesError,
+        "has arguments nested 2001 levels deep; at most 64 are read"),
 ]  # fmt: skip
 
 TOOLS = [
@@ -294,6 +350,11 @@ TOOLS = [
         InvalidConfigError, "parallel_tool_calls=True or parallel_tool_calls=False"),
     row("generate-tool-choice-unknown", generate(tools=[ADD], tool_choice="mul"),
         InvalidConfigError, "'mul', which is not among the tools"),
+    row("response_format-500-deep", config(response_format=_nested(500)), InvalidConfigError,
+        "response_format: the schema nests 1001 levels deep; constrained decoding reads schemas "
+        "up to 128 levels"),
+    row("tool-parameters-500-deep", config(tools=[{"name": "t", "parameters": _nested(500)}]),
+        InvalidConfigError, "the parameters of tool 't': the schema nests 1001 levels deep"),
 ]  # fmt: skip
 
 # ChatEnsemble checks its settings in a pydantic model validator, and pydantic re-raises a
@@ -382,3 +443,31 @@ def test_a_tiny_temperature_samples_like_greedy(env):
     greedy = ens.generate("Tom has 3 apples.", max_new_tokens=8)
     tiny = ens.generate("Tom has 3 apples.", max_new_tokens=8, temperature=1e-300, seed=1)
     assert tiny.text == greedy.text
+
+
+def _readme_table() -> list[tuple[str, list[str]]]:
+    """(what you pass, the tests named) for each row of the README's bad-input table."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### What a bad input gets", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # no header
+    return [(row.split(" | ")[0], re.findall(r"`([^`]+)`", row.split(" | ")[-1])) for row in rows]
+
+
+def test_the_readme_table_names_every_row_and_only_tests_that_exist():
+    """The README's "what you pass -> what you get" table is this table, and the tests it
+    names elsewhere exist: a row without a test, or a test without a row, fails here."""
+    ids = [p.id for p in ROWS]
+    covered: set[str] = set()
+    root = Path(__file__).resolve().parent.parent
+    for passed, tests in _readme_table():
+        assert tests, f"README row {passed!r} names no test"
+        for name in tests:
+            if "::" in name:
+                path, function = name.split("::")
+                source = (root / path).read_text()
+                assert re.search(rf"^(async )?def {function}\(", source, re.M), name
+            else:
+                matched = fnmatch.filter(ids, name)
+                assert matched, f"README names {name!r}, which matches no row here"
+                covered |= set(matched)
+    assert not set(ids) - covered, f"rows missing from the README: {sorted(set(ids) - covered)}"

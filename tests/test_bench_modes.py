@@ -25,8 +25,10 @@ def test_concurrency_sweep_compares_every_level_with_one_at_a_time(tmp_path):
     out = tmp_path / "concurrency"
     args = ["bench", "--concurrency", "1,2,4", "--methods", "single,token", "--n", "6"]
     args += ["--max-new-tokens", "16", "--threads", "1", "--out", str(out)]
+    args += ["--form", "rag", "--prompt-tokens", "200"]
     assert main(args) == 0
     data = _results(out)
+    assert data["prompt_tokens"] >= 200  # the retrieved context padded with more passages
     rows = {(r["label"], r["level"]): r for r in data["rows"]}
     assert set(rows) == {(label, level) for label in ("single tb-gpt2-bpe", "token")
                          for level in (1, 2, 4)}  # fmt: skip
@@ -41,6 +43,10 @@ def test_concurrency_sweep_compares_every_level_with_one_at_a_time(tmp_path):
         assert row["same_text"] == 6 and row["differences"] == []
         assert all(v >= 1 for v in row["rows_per_pass"].values())
         assert row["tokens"] == alone["tokens"]
+        # the bare models' batching bound, measured in the same run
+        assert row["bare_bound"] > 0 and row["bare_batch_ms"] > 0
+        assert row["of_bound"] == pytest.approx(row["throughput_ratio"] / row["bare_bound"])
+    assert rows["token", 1]["bare_bound"] == 1.0
     assert rows["token", 1]["rows_per_pass"].keys() == set(data["members"])
     assert rows["single tb-gpt2-bpe", 1]["rows_per_pass"] == {"tb-gpt2-bpe": 1.0}  # alone
     assert [g["label"] for g in data["goals"]] == []  # no level 8 in this run
@@ -76,6 +82,7 @@ def test_soak_checks_every_answer_and_tracks_memory(tmp_path):
     assert main(args) == 0
     data = _results(out)
     assert data["requests"] == 40 and data["mismatches"] == 0 and data["held_slots"] == 0
+    assert data["held_rows"] == 0
     assert sum(data["statuses"].values()) == 40
     assert [w["requests_done"] for w in data["windows"]] == [20, 40]
     assert all(w["rss_mib"] > 0 and w["threads"] >= 1 for w in data["windows"])
@@ -195,6 +202,8 @@ def test_bad_arguments_of_the_new_modes_are_clear_errors(tmp_path, capsys):
         (["--concurrency", "1,2", "--aggregator", "gac"], "default options"),
         (["--grammar-cost", "--temperature", "0.7"], "greedy"),
         (["--concurrency", "1,2", "--grammar-cost"], "pick one"),
+        (["--prompt-tokens", "700"], "--concurrency run"),
+        (["--concurrency", "1,2", "--prompt-tokens", "700"], "--form rag"),
         (["--form", "tool", "--task", str(tmp_path / "t.jsonl")], "drop --task"),
     ]:
         assert main(base + extra) == 2

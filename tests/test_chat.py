@@ -20,7 +20,8 @@ from core.chat import (
     tools_system_block,
 )
 from core.loading import load_tokenizer
-from core.tools import format_tool_call, format_tool_calls
+from core.tool_calls import format_tool_call, format_tool_calls
+from core.tools import normalize_tools
 
 
 def test_consecutive_same_roles_are_merged():
@@ -104,6 +105,7 @@ ADD = {
         },
     },
 }
+TOOLS = normalize_tools([ADD])  # tools as a request carries them (GenerationConfig checks them)
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
 
 
@@ -230,10 +232,10 @@ def test_templates_that_ignore_tools_get_them_as_a_system_block(toks):
     """The three testbed templates render `tools` not at all: each member reads the same block
     (the specs' JSON and the call instruction) where its template takes a system message."""
     messages = normalize_messages([{"role": "user", "content": "What is 3 + 5?"}])
-    block = tools_system_block([ADD])
+    block = tools_system_block(TOOLS)
     assert json.dumps(ADD["function"]) in block and TOOLS_INSTRUCTION in block
     assert format_tool_call("tool_name", {"argument": "value"}) in TOOLS_INSTRUCTION
-    prompts = {name: render_prompt(tok, messages, name, tools=[ADD]) for name, tok in toks.items()}
+    prompts = {name: render_prompt(tok, messages, name, tools=TOOLS) for name, tok in toks.items()}
     assert f"<|system|>\n{block}<|end|>\n<|user|>\nWhat is 3 + 5?" in prompts["tb-gpt2-bpe"]
     assert f"<|im_start|>system\n{block}<|im_end|>" in prompts["tb-qwen2-spm"]
     assert f"<start_of_turn>user\n{block}\n\nWhat is 3 + 5?" in prompts["tb-llama-word"]
@@ -248,8 +250,8 @@ def test_a_users_system_message_comes_first(toks):
     messages = normalize_messages(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q"}]
     )
-    prompt = render_prompt(toks["tb-llama-word"], messages, "word", tools=[ADD])
-    assert f"<start_of_turn>user\nBe brief.\n\n{tools_system_block([ADD])}\n\nQ" in prompt
+    prompt = render_prompt(toks["tb-llama-word"], messages, "word", tools=TOOLS)
+    assert f"<start_of_turn>user\nBe brief.\n\n{tools_system_block(TOOLS)}\n\nQ" in prompt
 
 
 def test_response_format_adds_one_instruction_for_every_member(toks):
@@ -259,8 +261,8 @@ def test_response_format_adds_one_instruction_for_every_member(toks):
     for name, tok in toks.items():
         prompt = render_prompt(tok, messages, name, response_format=SCHEMA)
         assert instruction in prompt and TOOLS_INSTRUCTION not in prompt
-        both = render_prompt(tok, messages, name, tools=[ADD], response_format=SCHEMA)
-        assert f"{tools_system_block([ADD])}\n\n{instruction}" in both
+        both = render_prompt(tok, messages, name, tools=TOOLS, response_format=SCHEMA)
+        assert f"{tools_system_block(TOOLS)}\n\n{instruction}" in both
 
 
 def test_past_calls_and_results_as_text_where_the_template_knows_no_tool_calls(toks):
@@ -276,7 +278,7 @@ def test_past_calls_and_results_as_text_where_the_template_knows_no_tool_calls(t
         "tb-llama-word": (f"model\n{calls}<end_of_turn>", f"<start_of_turn>user\n{results}\n\nAre"),
     }
     for name, tok in toks.items():
-        prompt = render_prompt(tok, messages, name, tools=[ADD])
+        prompt = render_prompt(tok, messages, name, tools=TOOLS)
         assert turns[name][0] in prompt and turns[name][1] in prompt, prompt
         assert "<|im_start|>tool" not in prompt  # ChatML would take the role, but not the calls
 
@@ -284,7 +286,7 @@ def test_past_calls_and_results_as_text_where_the_template_knows_no_tool_calls(t
 def test_a_tool_aware_template_renders_tools_and_history_natively(hermes):
     messages = normalize_messages(tool_conversation())
     assert knows_tool_calls(hermes)
-    prompt = render_prompt(hermes, messages, "hermes", tools=[ADD])
+    prompt = render_prompt(hermes, messages, "hermes", tools=TOOLS)
     assert prompt.startswith(
         f"<|im_start|>system\n{TOOLS_INSTRUCTION}\n\n# Tools\n<tools>\n{json.dumps(ADD)}\n</tools>"
     )
@@ -308,15 +310,20 @@ def test_a_tool_aware_template_without_tools_in_the_request(hermes):
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
-        ({"tools": ADD}, "tools is a dict"),
-        ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tool 0"),
-        ({"tools": [{"type": "function", "function": {"name": "f\ud800"}}]}, "UTF-8"),
-        ({"response_format": "json"}, "response_format is a str"),
+        ({"tools": ADD}, "tools must be a list of tool dicts, not a dict"),
+        ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tool #0"),
+        ({"tools": [{"type": "function", "function": {"name": "f\ud800"}}]}, "letters, digits"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]},
+            "cannot be encoded as UTF-8",
+        ),
+        ({"response_format": "json"}, "must be a dict, not a str"),
     ],
 )
-def test_bad_tools_or_response_format_are_rejected(toks, options, problem):
-    from core import InvalidConfigError
+def test_bad_tools_or_response_format_are_rejected_before_rendering(options, problem):
+    """Tools and schemas are checked once, where a request is configured; prompts are rendered
+    from what that check gives (`ToolSpec`s and a schema)."""
+    from core import GenerationConfig, InvalidConfigError
 
-    messages = normalize_messages("hi")
     with pytest.raises(InvalidConfigError, match=re.escape(problem)):
-        render_prompt(toks["tb-qwen2-spm"], messages, "spm", **options)
+        GenerationConfig(**options)

@@ -6,13 +6,17 @@ from core.cli import main
 from core.testbed import make_problems, model_paths
 
 
-def test_demo_runs_every_method_on_the_shipped_models(capsys):
-    assert main(["demo", "--n", "1", "--max-new-tokens", "60"]) == 0
+def test_demo_shows_the_headroom_and_a_problem_the_ensemble_decides(capsys):
+    assert main(["demo", "--n", "12", "--max-new-tokens", "60", "--methods", "specem"]) == 0
     out = capsys.readouterr().out
-    labels = ("single tb-gpt2-bpe", "token (UniTE as published)", "token, first sub-token")
-    for label in (*labels, "safe", "specem"):
-        assert f"--- {label}:" in out
-    assert "accuracy on these problems:" in out
+    for label in ("tb-gpt2-bpe alone", "tb-qwen2-spm alone", "tb-llama-word alone"):
+        assert f"  {label} " in out
+    assert "default ensemble: " in out and "SAFE as published (preset='paper')" in out
+    assert "specem (its defaults)" in out
+    assert "at least one member right (the ceiling)" in out and "best single member: " in out
+    assert "of the gap" in out
+    # the problem where the members disagree: each member's answer, the ensemble's, its events
+    assert "Where the members disagree: " in out and "how it decided:" in out
 
 
 def test_generate_streams_with_events(capsys):

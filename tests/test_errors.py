@@ -117,3 +117,19 @@ def test_unknown_generation_setting(tiny_members):
 def test_every_error_is_an_ensemble_error():
     for error in (ModelNotFoundError, InvalidMessagesError, ContextWindowError, ChatTemplateError):
         assert issubclass(error, EnsembleError)
+
+
+def test_every_error_class_is_importable_from_core():
+    """Users catch what the README names with `from core import ...`."""
+    import core
+    import core.errors
+
+    classes = {
+        name
+        for name, value in vars(core.errors).items()
+        if isinstance(value, type)
+        and issubclass(value, Exception)
+        and value.__module__ == "core.errors"
+    }
+    assert classes <= set(core.__all__), sorted(classes - set(core.__all__))
+    assert all(getattr(core, name) is getattr(core.errors, name) for name in classes)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import _thread
 import random
-import threading
-import time
 
 import pytest
 from conftest import needs_trained
@@ -96,7 +94,7 @@ def _next_requests_are_fresh(ens, fresh, n=3) -> None:
 def test_an_injected_fault_leaves_no_trace(shipped_members, fresh_texts, method, where, kind):
     ens = Ensemble(list(shipped_members), method)
     operations = set()
-    for member in ens.method.active:
+    for member in ens.active_members:
         for at in (1, 3, 11):  # the prompt's prefill, then later steps of the member's work
             injector = Injector(member.model, where, kind, at)
             try:
@@ -132,25 +130,32 @@ def test_an_injected_fault_leaves_no_trace(shipped_members, fresh_texts, method,
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_real_ctrl_c_at_random_moments_leaves_no_trace(shipped_members, fresh_texts, method):
+    """SIGINT, what Ctrl-C sends (`_thread.interrupt_main`), arriving inside a forward pass:
+    a random member's random call, at a random decoder layer. The KeyboardInterrupt lands
+    wherever the main thread next checks for signals, so every try is interrupted somewhere
+    new, and afterwards the ensemble answers as a fresh one does."""
     ens = Ensemble(list(shipped_members), method)
-    start = time.perf_counter()
-    ens.generate(PROBLEMS[3].messages, CONFIG)
-    duration = time.perf_counter() - start
+    for _ in range(2):  # the second run as every later one runs (its prompt prefix kept)
+        calls = ens.generate(PROBLEMS[3].messages, CONFIG).stats.member_calls
     rng = random.Random(7)
-    interrupted = 0
     for _ in range(6):
-        timer = threading.Timer(rng.uniform(0, duration), _thread.interrupt_main)
+        member = rng.choice([m for m in ens.active_members if calls.get(m.name)])
+        at = rng.randint(1, calls[member.name])
+        layer = rng.choice(list(_decoder_layers(member.model)))
+        seen = []
+
+        def ctrl_c(*_, at=at, seen=seen) -> None:
+            seen.append(True)
+            if len(seen) == at:
+                _thread.interrupt_main()
+
+        handle = layer.register_forward_pre_hook(ctrl_c)
         try:
-            timer.start()
-            ens.generate(PROBLEMS[3].messages, CONFIG)
-            timer.join()
-            time.sleep(0.05)  # an interrupt that came as the request ended lands here
-        except KeyboardInterrupt:
-            interrupted += 1
+            with pytest.raises(KeyboardInterrupt):
+                ens.generate(PROBLEMS[3].messages, CONFIG)
         finally:
-            timer.cancel()
+            handle.remove()
         assert ens.admission.running == 0
-    assert interrupted >= 1
     _next_requests_are_fresh(ens, fresh_texts[method])
 
 

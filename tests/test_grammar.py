@@ -4,12 +4,15 @@ retractions and interruptions."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
 import shutil
+import sys
 import threading
 import weakref
+from collections.abc import Iterator
 
 import jsonschema
 import pytest
@@ -18,6 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from json_schemas import objects, schemas
+from llguidance import LLMatcher
 
 from core.errors import InvalidConfigError
 from core.grammar import (
@@ -25,12 +29,13 @@ from core.grammar import (
     GrammarViolation,
     Matcher,
     build_constraint,
-    closed_schema,
     constrain,
 )
+from core.json_schema import closed_schema
 from core.loading import load_tokenizer
 from core.testbed import model_paths
-from core.tools import format_tool_call, format_tool_calls, normalize_tools
+from core.tool_calls import format_tool_call, format_tool_calls
+from core.tools import normalize_tools
 from core.vocab import Vocab
 
 
@@ -426,23 +431,25 @@ def test_valid_prefix_does_not_move_the_state(vocabs):
         assert matcher.valid_prefix([stop]) == 1
 
 
-class _Interrupting:
-    """The native matcher, with one call that is interrupted after it ran (or before)."""
+@contextlib.contextmanager
+def interrupt_native(method: str, after: bool) -> Iterator[list[bool]]:
+    """A KeyboardInterrupt at the first call of a native grammar matcher's `method`, before it
+    runs or after it ran, where a Ctrl-C could land: raised by a profile hook, which sees every
+    call into native code. Yields a list that holds True once it fired."""
+    fired: list[bool] = []
+    event = "c_return" if after else "c_call"
 
-    def __init__(self, native, method: str, after: bool) -> None:
-        self._native, self._method, self._after = native, method, after
-
-    def __getattr__(self, name):
-        real = getattr(self._native, name)
-        if name != self._method:
-            return real
-
-        def interrupted(*args):
-            if self._after:
-                real(*args)
+    def hook(frame, what, arg) -> None:
+        native = isinstance(getattr(arg, "__self__", None), LLMatcher)
+        if not fired and what == event and native and arg.__name__ == method:
+            fired.append(True)
             raise KeyboardInterrupt
 
-        return interrupted
+    sys.setprofile(hook)
+    try:
+        yield fired
+    finally:
+        sys.setprofile(None)
 
 
 @pytest.mark.parametrize("method", ["rollback", "try_consume_tokens", "compute_bitmask"])
@@ -453,11 +460,11 @@ def test_an_interrupted_call_leaves_the_next_one_correct(vocabs, method, after):
     ids = vocab.encode("Let me add.\n" + format_tool_call(*ADD))
     matcher = Matcher(constraint, vocab, stops)
     matcher.follow(ids[:20])
-    matcher._native = _Interrupting(matcher._native, method, after)
-    with pytest.raises(KeyboardInterrupt):  # the first call that uses `method` is interrupted
-        matcher.follow(ids[:10])
+    with pytest.raises(KeyboardInterrupt), interrupt_native(method, after) as fired:
+        matcher.follow(ids[:10])  # the first call that uses `method` is interrupted
         matcher.follow(ids[:12])
         matcher.allowed()
+    assert fired
     for target in (ids[:15], ids):
         matcher.follow(target)
         fresh = Matcher(constraint, vocab, stops)

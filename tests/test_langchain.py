@@ -139,7 +139,9 @@ def test_stop_is_accepted_under_both_names(paths):
 
 
 def test_identifying_params_are_plain_json(chat):
-    params = chat("token", method_options={"top_k": 4})._identifying_params
+    """What tracing records of the model (`asdict()` is its identifying params and `_type`)."""
+    params = chat("token", method_options={"top_k": 4}).asdict()
+    assert params.pop("_type") == "llm-ensembling-chat"
     assert json.loads(json.dumps(params)) == params
     assert params["method"] == "token" and params["method_options"] == {"top_k": 4}
     assert params["models"][0].endswith("tb-gpt2-bpe")

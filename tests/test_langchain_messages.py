@@ -16,7 +16,7 @@ from langchain_core.messages import (
 from core.chat import normalize_messages, render_prompt
 from core.errors import InvalidMessagesError
 from core.loading import load_tokenizer
-from langchain_ensemble.messages import to_engine_messages
+from langchain_ensemble.messages import to_core_messages
 
 
 def test_every_message_type_maps_to_an_engine_role():
@@ -29,7 +29,7 @@ def test_every_message_type_maps_to_an_engine_role():
         ChatMessage(role="developer", content="D"),
         ChatMessage(role="user", content="U"),
     ]
-    assert to_engine_messages(messages) == [
+    assert to_core_messages(messages) == [
         {"role": "system", "content": "S"},
         {"role": "user", "content": "H", "name": "alice"},
         {"role": "assistant", "content": "A"},
@@ -47,25 +47,25 @@ def test_ai_messages_contribute_their_text_only():
             {"type": "text", "text": "Four."},
         ]
     )
-    assert to_engine_messages([message]) == [{"role": "assistant", "content": "Four."}]
+    assert to_core_messages([message]) == [{"role": "assistant", "content": "Four."}]
 
 
 def test_text_content_blocks_pass_and_images_fail_with_a_clear_error():
     text = HumanMessage([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
-    assert normalize_messages(to_engine_messages([text]))[0]["content"] == "ab"
+    assert normalize_messages(to_core_messages([text]))[0]["content"] == "ab"
     image = HumanMessage([{"type": "image_url", "image_url": {"url": "data:,"}}])
     with pytest.raises(InvalidMessagesError, match="non-text content part"):
-        normalize_messages(to_engine_messages([image]))
+        normalize_messages(to_core_messages([image]))
 
 
 def test_unknown_message_types_are_rejected_by_name():
     with pytest.raises(InvalidMessagesError, match="RemoveMessage"):
-        to_engine_messages([RemoveMessage(id="x")])
+        to_core_messages([RemoveMessage(id="x")])
 
 
 def test_names_survive_merging_only_when_shared():
     merged = normalize_messages(
-        to_engine_messages(
+        to_core_messages(
             [
                 HumanMessage("a", name="bob"),
                 HumanMessage("b", name="bob"),
@@ -83,7 +83,7 @@ def test_names_survive_merging_only_when_shared():
 def test_a_template_that_reads_names_renders_them(tiny_dirs):
     """`name` reaches each member's own template: one that uses it shows it, others ignore it."""
     tokenizer = load_tokenizer(tiny_dirs["tb-qwen2-spm"])
-    messages = normalize_messages(to_engine_messages([HumanMessage("hi", name="bob")]))
+    messages = normalize_messages(to_core_messages([HumanMessage("hi", name="bob")]))
     plain = render_prompt(tokenizer, messages, "spm")
     assert "hi" in plain and "bob" not in plain  # the shipped ChatML template ignores names
     tokenizer.chat_template = (

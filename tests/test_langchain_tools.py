@@ -31,8 +31,8 @@ from core.errors import InvalidConfigError
 from core.methods import METHOD_NAMES
 from core.testbed import make_problems, model_paths
 from langchain_ensemble import ChatEnsemble
-from langchain_ensemble.messages import to_engine_messages
-from langchain_ensemble.tools import openai_tools
+from langchain_ensemble.messages import to_core_messages
+from langchain_ensemble.tools import tool_specs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -441,7 +441,9 @@ def test_forced_calls_follow_their_schema_and_stream_as_invoked(method):
 @needs_trained
 @pytest.mark.parametrize("method", METHODS)
 def test_a_real_call_cut_by_max_tokens_is_invalid_not_a_crash(method):
-    message = _shipped(method, max_tokens=2).bind_tools([add], tool_choice="add").invoke(QUESTION)
+    # 16 tokens: the forced `<tool_call>\n{"name": "add", "arguments": {"` and no more (forced
+    # text counts against the limit like any other)
+    message = _shipped(method, max_tokens=16).bind_tools([add], tool_choice="add").invoke(QUESTION)
     assert message.tool_calls == []
     assert [c["name"] for c in message.invalid_tool_calls] == ["add"]
     assert message.response_metadata["finish_reason"] == "length"
@@ -459,8 +461,8 @@ HISTORY = [
 def test_history_with_calls_and_results_renders_for_every_member(method):
     chat = _shipped(method, max_tokens=8)
     assert isinstance(chat.bind_tools([add_numbers]).invoke(HISTORY), AIMessage)
-    tools = openai_tools([add_numbers])
-    messages = normalize_messages(to_engine_messages(HISTORY))
+    tools = tool_specs([add_numbers])
+    messages = normalize_messages(to_core_messages(HISTORY))
     prompts = [render_prompt(m.tokenizer, messages, m.name, tools) for m in chat.ensemble.members]
     assert len(set(prompts)) == len(prompts)  # each member its own template
     for prompt in prompts:

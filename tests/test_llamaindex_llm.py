@@ -186,9 +186,9 @@ def test_loading_is_lazy_and_shared(tiny_dirs, monkeypatch):
     a = EnsembleLLM(models=paths, device="cpu")
     b = EnsembleLLM(models=paths, device="cpu", max_new_tokens=7)  # generation settings differ
     assert loads == []  # constructing loads nothing
-    assert a.engine is b.engine and len(loads) == 1
+    assert a.ensemble is b.ensemble and len(loads) == 1
     other = EnsembleLLM(models=paths, device="cpu", method="single")
-    assert other.engine is not a.engine and len(loads) == 2
+    assert other.ensemble is not a.ensemble and len(loads) == 2
 
 
 def test_bad_inputs_fail_with_clear_errors(llm, tiny_dirs, tiny_members):

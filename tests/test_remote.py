@@ -25,7 +25,7 @@ from core import (
     ServerError,
     TokenizerMismatchError,
 )
-from core.parallel import each, lanes
+from core.parallel import each, places
 from core.remote import connect
 from core.sampling import Sampler
 from core.testbed import make_problems, model_paths
@@ -133,7 +133,7 @@ def test_mixed_local_and_remote_from_pretrained(servers, shipped_members):
         assert mixed.generate(problem.messages, config).text == (
             local.generate(problem.messages, config).text
         )
-    assert len(lanes(mixed.members)) == 2  # the remote member overlaps with the local one
+    assert len(places(mixed.members)) == 2  # the remote member overlaps with the local one
 
 
 def test_seeded_sampling_is_reproducible(remotes):
@@ -284,7 +284,7 @@ def test_remote_members_overlap_and_local_ones_do_not(shipped_members):
             f.stop()
     threads = each(shipped_members, lambda m: threading.get_ident())
     assert set(threads) == {threading.get_ident()}  # CPU members: in order, in this thread
-    assert lanes(shipped_members) == [[0, 1, 2]]
+    assert places(shipped_members) == [[0, 1, 2]]
 
 
 def test_errors_surface_after_every_lane_finished(remotes):
@@ -293,14 +293,14 @@ def test_errors_surface_after_every_lane_finished(remotes):
     def work(member):
         if member is remotes[0]:
             raise RuntimeError("boom")
-        raised.wait(0.5)  # an `each` that raised at once would wake this lane before it logs
-        log.append("other lane finished")
+        raised.wait(0.5)  # an `each` that raised at once would wake this place before it logs
+        log.append("other place finished")
 
     with pytest.raises(RuntimeError, match="boom"):
         each(remotes, work)
     log.append("each raised")
     raised.set()
-    assert log == ["other lane finished", "each raised"]
+    assert log == ["other place finished", "each raised"]
 
 
 # --- adapters -------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_stops_are_candidates_of_their_own(tiny_members):
     verifier = Scripted(tiny_members[1], [(TEXT, 0.6), (TEXT + " Done.", 0.4)], "spm-script")
     texts = {}
     for rule in ("mass", "text"):
-        ens = Ensemble([drafter, verifier], "safe", stop_check=rule)
+        ens = Ensemble([drafter, verifier], "safe", preset="paper", stop_check=rule)
         out = ens.generate(PROMPT, max_new_tokens=64)
         texts[rule] = out.text
         points = [e for e in out.events if isinstance(e, EnsemblePoint)]
@@ -103,7 +103,7 @@ def test_as_aligned_redrafts_at_every_ensemble_point(tiny_members):
     drafter = Scripted(tiny_members[1], [(wrong, 0.9), (right, 0.1)], "spm-draft")
     verifiers = [Scripted(tiny_members[0], [right], f"bpe-{i}") for i in range(2)]
     for remap in ("likeliest", "as-aligned"):
-        ens = Ensemble([drafter, *verifiers], "safe", remap=remap, subtoken="first")
+        ens = Ensemble([drafter, *verifiers], "safe", preset="paper", remap=remap, subtoken="first")
         out = ens.generate(PROMPT, max_new_tokens=32)
         point = next(e for e in out.events if isinstance(e, EnsemblePoint))
         assert (point.drafted, point.chosen) == (" ", " 12")
@@ -118,7 +118,7 @@ def test_as_aligned_keeps_the_drafters_own_ids(make_ensemble):
     cycle the drafter's ids spell the committed text, and where an ensembled piece joins a
     word they are not its tokenizer's own spelling of it (the library's rule re-reads them)."""
     kept = {}
-    for preset in (None, "authors"):
+    for preset in ("paper", "authors"):
         ens = make_ensemble("safe", members=[1, 0], preset=preset)
         kept[preset] = 0
         for problem in make_problems(6, seed=1):
@@ -128,7 +128,7 @@ def test_as_aligned_keeps_the_drafters_own_ids(make_ensemble):
                 drafter = next(m for m in stream.members if m.name == ens.summary()["drafter"])
                 assert drafter.text == text
                 kept[preset] += drafter.ids != drafter.canonical_ids(text)
-    assert kept[None] == 0 and kept["authors"] > 0
+    assert kept["paper"] == 0 and kept["authors"] > 0
 
 
 @needs_trained

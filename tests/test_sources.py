@@ -62,4 +62,4 @@ def test_a_path_and_its_string_share_one_loaded_engine(tiny_dirs):
     paths = [tiny_dirs[name] for name in MODEL_ORDER[:2]]
     by_path = EnsembleLLM(models=[Path(p) for p in paths], method="token", device="cpu")
     by_text = EnsembleLLM(models=paths, method="token", device="cpu")
-    assert by_path.engine is by_text.engine
+    assert by_path.ensemble is by_text.ensemble

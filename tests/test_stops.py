@@ -16,11 +16,11 @@ def _run(stops, chunks):
     emitted = []
     for chunk in chunks:
         emitted.append(f.feed(chunk))
-        if f.stopped:
+        if f.found:
             break
-    if not f.stopped:
+    if not f.found:
         emitted.append(f.flush())
-    return emitted, f.stopped
+    return emitted, f.found
 
 
 @given(
@@ -48,4 +48,4 @@ def test_partial_stop_is_held_back_then_released():
     assert f.feed("Thought: x\nObs") == "Thought: x"
     assert f.feed("cure") == "\nObscure"
     assert f.feed("\nObservation: 12") == ""
-    assert f.stopped
+    assert f.found

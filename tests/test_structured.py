@@ -16,8 +16,8 @@ from json_schemas import objects, schemas
 
 from core import Ensemble, GenerationConfig, InvalidConfigError
 from core.events import GrammarForced, ToolCallEvent
-from core.grammar import closed_schema
-from core.tools import InvalidToolCall, ToolCall
+from core.json_schema import closed_schema
+from core.tool_calls import InvalidToolCall, ToolCall
 
 pytestmark = needs_trained
 METHODS = ["single", "token", "safe", "specem"]
@@ -206,3 +206,15 @@ def test_bad_tools_and_schemas_fail_at_the_call(ensembles, settings_, message):
         GenerationConfig(**settings_)
     with pytest.raises(InvalidConfigError, match=message):
         ensembles["safe"].generate(QUESTION, **settings_)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("limit", [1, 5, 40])
+def test_forced_text_counts_against_max_new_tokens(ensembles, method, limit):
+    """Text the grammar forces is output like any other: a 600-character constant is cut at the
+    token limit, never written whole past it."""
+    const = "x" * 300 + " y" * 150
+    schema = {"type": "object", "properties": {"a": {"const": const}}, "required": ["a"]}
+    out = ensembles[method].generate(QUESTION, max_new_tokens=limit, response_format=schema)
+    assert out.finish_reason == "length" and out.stats.tokens <= limit
+    assert json.dumps({"a": const}).startswith(out.text) and len(out.text) < len(const)

@@ -32,11 +32,17 @@ from core.testbed import (  # noqa: E402
     tool_followup,
     tool_steps,
 )
-from core.testbed.data import IGNORE, examples, prompt_ids, tokenizer_corpus  # noqa: E402
+from core.testbed.data import (  # noqa: E402
+    IGNORE,
+    examples,
+    prompt_ids,
+    tokenizer_corpus,
+    trained_specs,
+)
 from core.testbed.evaluate import first_tool_call, generate, run_tool  # noqa: E402
 from core.testbed.task import DIRECT_TOOLS, FORMS, TOOL_CALL_ID, is_test_combo, score  # noqa: E402
 from core.testbed.tokenizers import WS, end_of_turn_ids, load_tokenizer  # noqa: E402
-from core.tools import format_tool_call  # noqa: E402
+from core.tool_calls import format_tool_call  # noqa: E402
 
 NAMES = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
 FAMILY = {"tb-gpt2-bpe": "bpe", "tb-qwen2-spm": "spm", "tb-llama-word": "word"}
@@ -247,7 +253,8 @@ def test_tool_training_sequences_are_what_a_member_renders(toks, name):
     data = [e for e in data if e.labels.count(IGNORE) != len(e.labels)]
 
     def member_prompt(messages, p):
-        text = render_prompt(tok, normalize_messages(messages), name, p.tools, p.response_format)
+        tools = trained_specs(p.tools)
+        text = render_prompt(tok, normalize_messages(messages), name, tools, p.response_format)
         return tok(text, add_special_tokens=False).input_ids
 
     def target(text):

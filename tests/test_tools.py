@@ -3,6 +3,7 @@ of the committed text, whole or streamed."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -10,18 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidConfigError
-from core.tools import (
-    NO_PARAMETERS,
+from core.tool_calls import (
     InvalidToolCall,
     ToolCall,
     ToolCallStream,
-    ToolSpec,
     format_tool_call,
     format_tool_calls,
+    parse_tool_calls,
+)
+from core.tools import (
+    NO_PARAMETERS,
+    ToolSpec,
     normalize_response_format,
     normalize_tool_choice,
     normalize_tools,
-    parse_tool_calls,
 )
 
 ADD_PARAMETERS = {
@@ -258,3 +261,66 @@ def test_the_closing_tag_inside_an_argument_does_not_end_the_call():
         found += stream.feed(char)[1]
     found += stream.finish()[1]
     assert [(c.name, c.arguments) for c in found] == [(c.name, c.arguments) for c in calls]
+
+
+HOSTILE_ARGUMENTS = {
+    "1,000-deep nesting": "[" * 1000 + "]" * 1000,
+    "1,000-deep, never closed": "[" * 1000,
+    "a 5,000-digit number": "9" * 5000,
+    "NaN": "NaN",
+    "Infinity": "-Infinity",
+    "a float past its range": "1e999",
+    "100-deep nesting": "[" * 100 + "]" * 100,
+}
+
+
+@pytest.mark.parametrize("label", HOSTILE_ARGUMENTS)
+def test_hostile_arguments_give_an_invalid_call_never_an_exception(label):
+    body = '{"name": "add", "arguments": {"a": ' + HOSTILE_ARGUMENTS[label] + "}}"
+    text = f"<tool_call>\n{body}\n</tool_call>"
+    content, calls, invalid = parse_tool_calls(text)
+    assert (content, calls) == ("", [])
+    assert len(invalid) == 1 and invalid[0].name == "add" and invalid[0].error
+    stream, found = ToolCallStream(), []  # streamed in small pieces, the same
+    for i in range(0, len(text), 7):
+        found += stream.feed(text[i : i + 7])[1]
+    found += stream.finish()[1]
+    assert [type(c) for c in found] == [InvalidToolCall]
+    # the same inside arguments written as a JSON string
+    quoted = format_tool_call("add", {}).replace("{}", json.dumps(HOSTILE_ARGUMENTS[label]))
+    assert parse_tool_calls(quoted)[1] == []
+
+
+def test_a_call_of_a_tool_not_offered_is_invalid():
+    text = format_tool_call("add", {"a": 1}) + "\n" + format_tool_call("rm_rf", {"path": "/"})
+    _, calls, invalid = parse_tool_calls(text, offered=["add"])
+    assert [c.name for c in calls] == ["add"]
+    assert [c.name for c in invalid] == ["rm_rf"]
+    assert "'rm_rf' was not offered (offered: 'add')" in invalid[0].error
+    assert [c.name for c in parse_tool_calls(text)[1]] == ["add", "rm_rf"]  # none given: all
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        format_tool_call("get_weather", {"city": "Paris"}),
+        '<tool_call>\n{"name": "add", "arguments": {"a": NaN, "b": 1}}\n</tool_call>',
+        '<tool_call>\n{"name": "add", "arguments": {"a": '
+        + "[" * 300
+        + "]" * 300
+        + "}}\n</tool_call>",
+    ],
+)
+def test_without_grammar_a_bad_call_is_reported_not_raised(tiny_members, reply):
+    """`grammar=False`: what a member writes is parsed as it comes; a call of a tool that was
+    not offered, or arguments that are not standard JSON, is an invalid call of the output."""
+    from scripted import Scripted
+
+    from core import Ensemble
+
+    member = Scripted(tiny_members[0], [reply], "scripted")
+    out = Ensemble([member], "single").generate(
+        "What is 7 + 5?", tools=[OPENAI_ADD], grammar=False, max_new_tokens=1500
+    )
+    assert out.tool_calls == [] and len(out.invalid_tool_calls) == 1
+    assert out.finish_reason == "stop"

@@ -74,7 +74,7 @@ def _with_served(
     return members + served, setups + served_twins(setups, len(members))
 
 
-def _run_one(
+def run_one(
     ensemble: Ensemble, messages: list[dict], config: GenerationConfig, check
 ) -> tuple[Record, str]:
     if torch.cuda.is_available():
@@ -82,7 +82,7 @@ def _run_one(
     start = time.perf_counter()
     out = ensemble.generate(messages, config)
     seconds = time.perf_counter() - start
-    active = ensemble.method.active
+    active = ensemble.active_members
     if torch.cuda.is_available():
         memory = torch.cuda.max_memory_allocated() / 2**20
     else:  # weights plus the caches as they stand at the end (they only grow within a request)
@@ -301,7 +301,7 @@ def run(
             # one seed per problem: sampled rows (and methods that sample inside a greedy
             # request, e.g. SpecEM's preset="paper" drafts) are reproducible
             seeded = replace(config, seed=seed + index)
-            record, text = _run_one(
+            record, text = run_one(
                 ensembles[setup.label], messages, seeded, check if with_accuracy else None
             )
             records[setup.label].append(record)

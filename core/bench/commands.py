@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..errors import EnsembleError, InvalidConfigError
 
+BENCH_METHODS = "single,token,safe,specem"  # what `bench` compares unless --methods says
+
 
 def _command(args: argparse.Namespace) -> str:
     return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
@@ -36,7 +38,7 @@ def _members_and_setups(args: argparse.Namespace):
             "--concurrency, --grammar-cost and --form tool compare texts and answers of greedy "
             "requests; drop --temperature."
         )
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     if args.aggregator is not None:
         raise InvalidConfigError(
             "--aggregator expands the accuracy/speed table's configurations; with "
@@ -66,6 +68,7 @@ def _bench_concurrency(args: argparse.Namespace) -> None:
         task=task.name,
         levels=levels,
         max_new_tokens=args.max_new_tokens,
+        prompt_tokens=args.prompt_tokens,
         out=args.out,
         command=_command(args),
     )
@@ -99,7 +102,7 @@ def _bench_tools(args: argparse.Namespace) -> None:
             "tools to offer)."
         )
     task = tools.testbed_tool_task(args.n, args.seed)
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     members, _ = _members_and_setups(args)
     tools.run(
         members=members,
@@ -112,19 +115,78 @@ def _bench_tools(args: argparse.Namespace) -> None:
     _show(args)
 
 
+def _bench_serve(args: argparse.Namespace) -> None:
+    from . import serve
+    from .concurrency import parse_levels
+    from .setups import load_task, shipped_model_paths
+
+    levels = parse_levels(args.serve)
+    task = load_task(args.task, args.n, args.seed, args.form)
+    members, setups = _members_and_setups(args)
+    serve.run_load(
+        members=members,
+        models=args.model or shipped_model_paths(),
+        setups=setups,
+        items=[messages for messages, _ in task.items],
+        task=task.name,
+        levels=levels,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
+        out=args.out,
+        command=_command(args),
+    )
+    _show(args)
+
+
+def _bench_headroom(args: argparse.Namespace) -> None:
+    from . import headroom
+
+    if args.model or args.task != "arithmetic" or args.form != "cot" or args.shape:
+        raise InvalidConfigError(
+            "--headroom runs the shipped testbed members (and the weak one) on chain-of-thought "
+            "problems; drop --model, --task, --form and --shape."
+        )
+    given = args.methods.split(",") if args.methods else headroom.METHODS
+    methods = [m for m in given if m and m != "single"]
+    headroom.run(
+        n=args.n,
+        seed=args.seed,
+        warmup=args.warmup,
+        warmup_seed=args.warmup_seed,
+        methods=methods,
+        which=[s for s in args.sets.split(",") if s],
+        configs=args.config,
+        max_new_tokens=args.max_new_tokens,
+        out=args.out,
+        device=args.device,
+        threads=args.threads,
+        command=_command(args),
+    )
+    _show(args)
+
+
 def bench(args: argparse.Namespace) -> None:
     from .accuracy import run
     from .setups import parse_setups
 
-    if args.concurrency and args.grammar_cost:
-        raise InvalidConfigError("--concurrency and --grammar-cost are two runs; pick one.")
+    runs = (args.concurrency, args.grammar_cost, args.serve, args.headroom)
+    if sum(map(bool, runs)) > 1:
+        raise InvalidConfigError(
+            "--concurrency, --grammar-cost, --serve and --headroom are separate runs; pick one."
+        )
+    if args.prompt_tokens is not None and not args.concurrency:
+        raise InvalidConfigError("--prompt-tokens pads the prompts of a --concurrency run; add it.")
+    if args.serve:
+        return _bench_serve(args)
+    if args.headroom:
+        return _bench_headroom(args)
     if args.concurrency:
         return _bench_concurrency(args)
     if args.grammar_cost:
         return _bench_grammar(args)
     if args.form == "tool":
         return _bench_tools(args)
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     aggregators = [a for a in (args.aggregator or "unite,gac").split(",") if a]
 
     def setups_from(names: list[str]):
@@ -151,6 +213,27 @@ def bench(args: argparse.Namespace) -> None:
     _show(args)
 
 
+def _soak_serve(args: argparse.Namespace, members, setups, problems) -> dict:
+    from . import serve
+    from .setups import shipped_model_paths
+
+    return serve.run_soak(
+        members=members,
+        models=args.model or shipped_model_paths(),
+        setups=setups,
+        problems=problems,
+        requests=args.requests,
+        clients=args.tasks,
+        window=args.window,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        out=args.out,
+        command=_command(args),
+    )
+
+
 def soak(args: argparse.Namespace) -> None:
     from . import soak as soak_run
     from .setups import load_members, load_task, method_setups
@@ -166,6 +249,17 @@ def soak(args: argparse.Namespace) -> None:
     members = load_members(args.model, args.device, args.dtype)
     names = [m.name for m in members]
     methods = [m for m in args.methods.split(",") if m]
+    if args.serve:
+        setups = method_setups(methods, len(members), args.config, names)
+        problems = [messages for messages, _ in task.items]
+        result = _soak_serve(args, members, setups, problems)
+        _show(args)
+        if result["mismatches"] or result["held_slots"] or result["server_errors"]:
+            raise EnsembleError(
+                f"soak --serve: {result['mismatches']} wrong answers, {result['server_errors']} "
+                f"5xx and {result['held_slots']} slots held; see {args.out}/results.md."
+            )
+        return
     result = soak_run.run(
         members=members,
         models=args.model,
@@ -183,17 +277,20 @@ def soak(args: argparse.Namespace) -> None:
         command=_command(args),
     )
     _show(args)
-    if result["mismatches"] or result["held_slots"]:
+    if result["mismatches"] or result["held_slots"] or result["held_rows"]:
         raise EnsembleError(
-            f"soak: {result['mismatches']} answers differ from a fresh ensemble's and "
-            f"{result['held_slots']} request slots are still held; see {args.out}/results.md."
+            f"soak: {result['mismatches']} answers differ from a fresh ensemble's, "
+            f"{result['held_slots']} request slots and {result['held_rows']} key/value rows are "
+            f"still held; see {args.out}/results.md."
         )
 
 
 def add_commands(sub) -> None:
     """The `bench` and `soak` sub-commands, on the CLI's sub-parsers."""
     p = sub.add_parser("bench", help="measure methods side by side in one run")
-    p.add_argument("--methods", default="single,token,safe,specem")
+    p.add_argument(
+        "--methods", default=None, help="default: single,token,safe,specem (--headroom: every one)"
+    )
     p.add_argument("--aggregator", default=None, help="for token and safe (default: unite,gac)")
     p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
@@ -240,10 +337,39 @@ def add_commands(sub) -> None:
         "requests, against the same requests one at a time (tokens/s, latency, same text)",
     )
     p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --concurrency --form rag: pad each prompt's retrieved context with more "
+        "passages to about N tokens (e.g. 720, a RAG query's length)",
+    )
+    p.add_argument(
         "--grammar-cost",
         action="store_true",
         help="every method (default options) with and without a grammar that allows any text "
         "(tools, tool_choice none): time per output token side by side, same text",
+    )
+    p.add_argument(
+        "--serve",
+        default=None,
+        metavar="LEVELS",
+        help="e.g. 1,8,32: every method served over HTTP (a server process, a pool of streaming "
+        "clients) against the same requests in process, at each number of concurrent clients",
+    )
+    p.add_argument(
+        "--headroom",
+        action="store_true",
+        help="every member alone, and every method at its default and best options on every "
+        "pair of the shipped members, the three, and the three with the weak member: accuracy, "
+        "the either-right ceiling, the share of the gap closed, time per token, weights",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=20, help="--headroom: warm-up problems per ensemble"
+    )
+    p.add_argument("--warmup-seed", type=int, default=2, help="--headroom: their seed")
+    p.add_argument(
+        "--sets", default="pairs,three,weak", help="--headroom: member sets (pairs,three,weak)"
     )
     p.set_defaults(func=bench)
 
@@ -266,4 +392,10 @@ def add_commands(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="over HTTP: one server per method (on_member_failure=drop), --tasks clients; "
+        "adds dropped connections and malformed requests",
+    )
     p.set_defaults(func=soak)

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..cli_options import parse_value
 from ..ensemble import Ensemble
 from ..errors import InvalidConfigError
 from ..hf_member import HFMember
@@ -246,18 +247,3 @@ def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
         model.generation_config = generation_config(spec, tok)
         members.append(HFMember(f"{name}-{shape}", model.eval(), tok))
     return members
-
-
-def parse_value(value: str) -> Any:
-    """A command-line value as Python: None, a bool, an int, a float, else the string."""
-    lowered = value.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value

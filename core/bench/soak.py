@@ -197,7 +197,7 @@ class Soak:
 
     def active(self) -> dict[str, list[str]]:
         return {
-            label: [m.name for m in self.ensembles[label, "raise"].method.active]
+            label: [m.name for m in self.ensembles[label, "raise"].active_members]
             for label in self.setups
         }
 
@@ -320,6 +320,7 @@ class Soak:
                         "requests_done": at + len(part),
                         "wall_s": wall,
                         "rss_mib": rss,
+                        "kv_store_mib": self.store_bytes() / 2**20,
                         "threads": threading.active_count(),
                         # live objects (the soak's own records of requests add a few each)
                         "python_objects": len(gc.get_objects()),
@@ -342,6 +343,17 @@ class Soak:
             if held == 0 or time.monotonic() > deadline:
                 return held
             time.sleep(0.05)
+
+    def store_bytes(self) -> int:
+        """What the models' key/value stores have allocated (part of the RSS)."""
+        stores = {id(m.store): m.store for m in self.members if getattr(m, "store", None)}
+        return sum(store.nbytes for store in stores.values())
+
+    def held_rows(self) -> int:
+        """Rows of the models' key/value stores still held by a request (after a collection:
+        a dropped stream gives its rows back when it is collected)."""
+        gc.collect()
+        return sum(m.store.held for m in self.members if getattr(m, "store", None) is not None)
 
 
 def _p95(values: Sequence[float]) -> float:
@@ -417,17 +429,19 @@ def markdown(result: dict) -> str:
         "batched pass raises again when the batcher reruns each pass alone).",
         f"Checked against a fresh ensemble: {result['checked_ok']} ok, "
         f"**{result['mismatches']} mismatches**; request slots held at the end: "
-        f"{result['held_slots']}.",
+        f"{result['held_slots']}; key/value store rows held: {result['held_rows']}.",
         "",
-        "| requests | RSS MiB | Python objects | threads | p50 ms | p95 ms | wall s | outcomes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| requests | RSS MiB | KV store MiB | Python objects | threads | p50 ms | p95 ms | wall s "
+        "| outcomes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for w in result["windows"]:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(w["statuses"].items()))
         p50 = "–" if w["p50_ms"] is None else f"{w['p50_ms']:.0f}"
         p95 = "–" if w["p95_ms"] is None else f"{w['p95_ms']:.0f}"
         lines.append(
-            f"| {w['requests_done']} | {w['rss_mib']:.1f} | {w['python_objects']} | "
+            f"| {w['requests_done']} | {w['rss_mib']:.1f} | {w['kv_store_mib']:.1f} | "
+            f"{w['python_objects']} | "
             f"{w['threads']} | {p50} | {p95} | "
             f"{w['wall_s']:.1f} | {outcomes} |"
         )
@@ -489,6 +503,7 @@ def run(
     finally:
         soak.faults.remove()
     held = soak.held_slots()
+    rows = soak.held_rows()
     load_after = os.getloadavg()
     reference = References(models, device, dtype, soak.setups, config)
     check(outcomes, soak, reference)
@@ -508,6 +523,7 @@ def run(
         "checked_ok": sum(o.verdict == "ok" for o in outcomes),
         "mismatches": sum(o.verdict != "ok" for o in outcomes),
         "held_slots": held,
+        "held_rows": rows,
         "windows": windows,
         "outcomes": [asdict(o) for o in outcomes],
     }

@@ -12,7 +12,7 @@ grammar closes them).
 Two conditions, on the same problems, interleaved: with the grammar (`tool_choice="auto"`:
 the engine's grammar keeps every call well-formed and schema-valid), and prompt only (the same
 prompt, tools rendered by each member's template, no grammar; the calls are read from the text
-by `core.tools`' parser, as `parse_tool_calls` reads them).
+by `core.tool_calls`' parser, as `parse_tool_calls` reads them).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 from ..config import GenerationConfig, Output
 from ..ensemble import Ensemble
 from ..errors import InvalidConfigError
-from ..grammar import closed_schema
+from ..json_schema import closed_schema
 from ..member import Member
 from ..methods import method_class
-from ..tools import ToolCall
+from ..tool_calls import ToolCall
 from .report import write_results
 from .setups import Setup, ensemble_for
 

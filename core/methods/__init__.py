@@ -6,9 +6,13 @@ import importlib
 import inspect
 
 from ..errors import InvalidConfigError
+from . import single  # noqa: F401 (the method a lone member runs: Method.without needs it)
 from .base import Commit, Method, Request
 
-METHOD_NAMES = ("single", "token", "safe", "specem")
+METHOD_NAMES = ("single", "token", "safe", "specem", "rerank")
+# The method an Ensemble (and each adapter) runs unless told otherwise, at its own default
+# options: the best configuration measured (README, "The default").
+DEFAULT_METHOD = "safe"
 
 
 def method_class(name: str) -> type[Method]:
@@ -48,6 +52,7 @@ def build_method(name: str, members, options: dict) -> Method:
 
 
 __all__ = [
+    "DEFAULT_METHOD",
     "METHOD_NAMES",
     "Commit",
     "Method",

@@ -3,9 +3,11 @@
 A method is a loop that yields `Commit`s: pieces of text appended to the shared response. It
 talks to members only through the `Member` interface and reports what it did through
 `request.emit(event)` and `request.stats`. Each step starts from `request.text` as it is then
-(members synced to it): between two steps the facade may append text no model wrote (what a
-request's grammar forces, such as a tool-call tag or a JSON key). The facade (`core.ensemble`)
-does the rest: prompt rendering, stop strings, max_new_tokens, streaming, timing.
+(members synced to it). A request's grammar needs nothing from a method: every distribution a
+member gives is already masked by it (`Member.logprobs`, `Member.draft`), and the text it forces
+(a tool-call tag, a JSON key) is committed between the method's steps by `Method.commits`, the
+one loop the facade runs. The facade (`core.ensemble`) does the rest: prompt rendering, stop
+strings, max_new_tokens, streaming, timing; it never changes a member's state itself.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import ClassVar
 
 from ..config import GenerationConfig, Stats
 from ..errors import InvalidConfigError
-from ..events import Event
+from ..events import Event, GrammarForced
 from ..member import Member
 from ..sampling import Sampler
+from ..trust import TrustView
 from ..validate import check_choice  # noqa: F401 (methods import it from here)
 
 
@@ -42,6 +45,7 @@ class Request:
     text: str = ""  # the committed response so far
     on_event: Callable[[Event], None] | None = None
     pending: list[Event] = field(default_factory=list)
+    trust: TrustView = field(default_factory=TrustView)  # the ensemble's member weights
 
     @property
     def remaining(self) -> int:
@@ -94,6 +98,11 @@ class Method(ABC):
     min_members: ClassVar[int] = 1
     member_options: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            _BY_NAME.setdefault(cls.name, cls)
+
     def __init__(self, members: Sequence[Member]) -> None:
         if len(members) < self.min_members:
             raise InvalidConfigError(
@@ -139,16 +148,81 @@ class Method(ABC):
         """The members this method runs (the facade starts only these for a request)."""
         return self.members
 
+    def trusting(self, weights: dict[str, float]) -> Method:
+        """This method for a request that starts with the ensemble's member `weights`. Roles
+        that follow trust are set here, before any prompt is rendered; SAFE's drafter is one.
+        With equal weights the method is the same as it is without trust."""
+        return self
+
     @abstractmethod
     def run(self, request: Request) -> Iterator[Commit]:
         """Yield commits until done; the facade may stop iterating at any point."""
+
+    def commits(self, request: Request) -> Iterator[Commit]:
+        """What the facade iterates: the text the request's grammar forces, whenever it forces
+        some, else the method's own next commit (`run`). Each is taken after the facade has
+        appended the previous one to `request.text`."""
+        own = self.run(request)
+        try:
+            while True:
+                commit = self.grammar_forced(request)
+                if commit is None:
+                    commit = next(own, None)
+                if commit is None:
+                    return
+                yield commit
+        finally:
+            own.close()
+
+    def grammar_forced(self, request: Request) -> Commit | None:
+        """The text the grammar forces after the committed text, as a commit no model made
+        (counted in the first active member's tokens, within max_new_tokens: what does not fit
+        is not written), or None. It ends before its last whitespace run: a space is written
+        by the model with the word after it (` "add",` can be one token), so the model
+        continues from text it was trained on."""
+        if request.config.constraint is None:
+            return None
+        first = self.active[0]
+        if first.text != request.text:  # (a member holding part of a character keeps it)
+            first.sync(request.text)
+        text = first.forced()
+        text = text[: _last_space_run(text)]
+        if not text:
+            return None
+        before = first.n_tokens
+        first.sync(request.text + text)
+        if first.n_tokens - before > request.remaining:  # only the tokens that fit
+            start = len(request.text.encode("utf-8"))
+            end = first.token_ends[before + request.remaining - 1] if request.remaining else start
+            text = (request.text + text).encode("utf-8")[start:end].decode("utf-8", "ignore")
+            first.sync(request.text + text)
+            if not text:
+                return None
+        tokens = max(first.n_tokens - before, 0)
+        request.emit(GrammarForced(request.stats.tokens, text))
+        request.stats.count("grammar_forced_tokens", tokens)
+        return Commit(text, tokens)
 
     def summary(self) -> dict:
         """JSON-safe description (adapters put it in response metadata)."""
         return {"method": self.name, "members": [m.name for m in self.members]}
 
 
-def _single(members: Sequence[Member], index: int) -> Method:
-    from . import method_class
+def _last_space_run(text: str) -> int:
+    """Where the last run of whitespace in `text` starts (its length when there is none)."""
+    end = len(text)
+    while end and not text[end - 1].isspace():
+        end -= 1
+    if not end:
+        return len(text)
+    while end and text[end - 1].isspace():
+        end -= 1
+    return end
 
-    return method_class("single")(members, member=index)
+
+_BY_NAME: dict[str, type[Method]] = {}  # every method class, registered as it is defined
+
+
+def _single(members: Sequence[Member], index: int) -> Method:
+    """The method a lone member runs (`core.methods` defines it whenever this module loads)."""
+    return _BY_NAME["single"](members, member=index)

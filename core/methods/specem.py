@@ -29,8 +29,10 @@ Decisions where the paper and the authors' code leave room (see the README for t
   anyway; cutting would only add rounds).
 - "won/<member>" counts rounds whose candidates were verified; a round where every drafter wrote
   the same text is counted as "consensus" and credits no one.
-- the learnable state (weights and t) is one `Feedback` object: requests share the method's
-  (`persist_weights=True`) or each starts a fresh one, so the method keeps no per-request state.
+- the learnable state (weights and t) is one `Feedback` object per request, so the method keeps
+  no per-request state. Each request's weights start uniform, as in the paper. Where the
+  ensemble's member trust (`core.trust`) is uneven, they start from it instead. A round's win
+  rates are also the trust's reward for the drafters (the one hook: `request.trust.update`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
 from ..member import Member
 from ..parallel import each
 from ..sampling import Sampler
+from ..trust import hedge
 from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
 
@@ -114,13 +117,6 @@ def win_rates(matrix: torch.Tensor, authors: Sequence[int]) -> torch.Tensor:
     return torch.where(torch.isnan(rewards), mean, rewards)
 
 
-def hedge(weights: torch.Tensor, rewards: torch.Tensor, lr: float, t: int) -> torch.Tensor:
-    """Multiplicative weights: w <- normalise(w * exp(eta_t * r)), eta_t = lr * sqrt(1/K) / t."""
-    eta = lr * math.sqrt(1.0 / weights.shape[0]) / t
-    updated = weights * torch.exp(eta * rewards)
-    return updated / updated.sum()
-
-
 @dataclass
 class Feedback:
     """SpecEM's learnable state: the voting weights and how many updates their learning-rate
@@ -133,6 +129,14 @@ class Feedback:
     def uniform(cls, k: int) -> Feedback:
         return cls(torch.full((k,), 1.0 / k, dtype=torch.float64))
 
+    @classmethod
+    def starting(cls, k: int, prior: Sequence[float] | None) -> Feedback:
+        """Uniform weights (the paper's start), or the ensemble's member trust as the prior."""
+        if prior is None:
+            return cls.uniform(k)
+        weights = torch.tensor(prior, dtype=torch.float64)
+        return cls(weights / weights.sum())
+
     def update(self, rewards: torch.Tensor, lr: float) -> None:
         self.t += 1
         self.weights = hedge(self.weights, rewards, lr, self.t)
@@ -140,11 +144,6 @@ class Feedback:
     def tick(self) -> None:
         """A round that moves only the schedule (schedule="rounds": identical drafts)."""
         self.t += 1
-
-    def reset(self) -> None:
-        """Uniform again, schedule back at its start (in place: every holder sees it)."""
-        self.weights = torch.full_like(self.weights, 1.0 / self.weights.shape[0])
-        self.t = 0
 
     def named(self, names: Sequence[str]) -> dict[str, float]:
         return {n: float(w) for n, w in zip(names, self.weights, strict=True)}
@@ -174,9 +173,8 @@ class _Scores:
 
 class SpecEM(Method):
     """Options: `segment_tokens` (L, tokens per draft), `drafters` (indices or names; all members
-    verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off), `lr`,
-    `persist_weights` (keep the weights and the eta schedule across requests until
-    `reset_weights()`), `reuse_cache` (False drops every cache before drafting and before
+    verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off within a
+    request), `lr`, `reuse_cache` (False drops every cache before drafting and before
     verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
     and `draft_top_p` (drafts decoded with these instead of the request's settings),
     `schedule` ("updates" | "rounds": what t counts in eta_t), `preset` ("paper": the authors'
@@ -220,40 +218,23 @@ class SpecEM(Method):
         self.scoring = score
         self.feedback = check_bool("feedback", feedback)
         self.lr = check_real("lr", lr, low=0, low_open=True, example=1.0)
-        self.persist_weights = check_bool("persist_weights", persist_weights)
+        if check_bool("persist_weights", persist_weights):
+            raise InvalidConfigError(
+                "persist_weights=True is not a SpecEM option: the weights carried across "
+                "requests are the ensemble's member trust, which every method learns from; "
+                "pass learn_weights=True to the Ensemble, and see ens.member_weights, "
+                "ens.save_weights() and ens.load_weights()."
+            )
         self.reuse_cache = check_bool("reuse_cache", reuse_cache)
         self.preset = preset
         self.draft_temperature, self.draft_top_p = draft_temperature, draft_top_p
         self.schedule = schedule
-        self.learned = Feedback.uniform(len(self.members))  # shared by requests that persist
-
-    # --- weights ---------------------------------------------------------------------------
-
-    @property
-    def weights(self) -> dict[str, float] | None:
-        """The weights carried from request to request (`persist_weights=True`); None when
-        every request starts uniform (its learned weights are in its `stats.weights`)."""
-        if not self.persist_weights:
-            return None
-        return self.learned.named([m.name for m in self.members])
-
-    def reset_weights(self) -> None:
-        """Uniform weights, and the learning-rate schedule starts again at t = 1."""
-        self.learned.reset()
-
-    def without(self, name: str) -> Method:
-        twin = super().without(name)
-        if isinstance(twin, SpecEM) and self.persist_weights:  # the others' weights go on
-            keep = [i for i, m in enumerate(self.members) if m.name != name]
-            weights = self.learned.weights[keep]
-            twin.learned = Feedback(weights / weights.sum(), self.learned.t)
-        return twin
 
     # --- one request -----------------------------------------------------------------------
 
     def run(self, request: Request) -> Iterator[Commit]:
-        state = self.learned if self.persist_weights else Feedback.uniform(len(self.members))
         names = [m.name for m in self.members]
+        state = Feedback.starting(len(names), request.trust.of(names))
         sampler = self._draft_sampler(request)
         request.stats.weights = state.named(names)
         round_ = 0
@@ -337,6 +318,9 @@ class SpecEM(Method):
             for v in range(len(self.members))
         }
         request.emit(SegmentSelected(round_, winner.name, chosen.text, table, state.named(names)))
+        if scores.verified:  # the member trust's report: how the others scored each segment
+            rates = win_rates(scores.matrix, scores.authors).tolist()
+            request.trust.update({names[i]: rates[i] for i in scores.authors})
         return chosen, winner
 
     def _draft_sampler(self, request: Request) -> Sampler:
@@ -394,7 +378,6 @@ class SpecEM(Method):
             "score": self.scoring,
             "feedback": self.feedback,
             "lr": self.lr,
-            "persist_weights": self.persist_weights,
             "reuse_cache": self.reuse_cache,
             "preset": self.preset,
             "draft_temperature": self.draft_temperature,

@@ -23,6 +23,7 @@ from ..alignment import GATE, Aligner, top_candidates
 from ..errors import InvalidConfigError
 from ..events import SkipGate, TokenEnsembled
 from ..parallel import each
+from ..trust import backers
 from ..validate import check_int, check_real
 from ..vocab import EOS
 from .base import Commit, Method, Request, check_choice
@@ -55,7 +56,13 @@ class TokenEnsemble(Method):
         top_k = check_int("top_k", top_k, low=1, example=10)
         self.aligner = Aligner(aggregator, top_k, subtoken)
         self.mean = mean
-        self.weights = _check_weights(weights, len(self.members))
+        checked = _check_weights(weights, len(self.members))
+        # by name: a member that leaves a request (a failure, the trust's floor) takes its own
+        self.weights = (
+            None
+            if checked is None
+            else {m.name: w for m, w in zip(self.members, checked, strict=True)}
+        )
         self.gate = PAPER_GATES[aggregator] if gate == "paper" else gate
         if self.gate is not None and (
             isinstance(self.gate, bool)
@@ -70,8 +77,7 @@ class TokenEnsemble(Method):
     def run(self, request: Request) -> Iterator[Commit]:
         def next_row(member):
             member.sync(request.text)
-            boundary = [member.n_tokens]  # (under a grammar: what it allows there)
-            return member.constrained_rows(member.logprobs(boundary), boundary)[0]
+            return member.logprobs([member.n_tokens])[0]
 
         position = 0
         while request.remaining > 0:
@@ -115,13 +121,28 @@ class TokenEnsemble(Method):
         """The ensemble's string, or None where a request's grammar allows only tokens that
         spell part of a character (no string candidate exists)."""
         aligned = self.aligner.align(self.members, rows)
-        probs = combine(aligned.probs, self.mean, self.weights)
+        probs = combine(aligned.probs, self.mean, self._weights(request))
         if float(probs.max()) <= 0:
             return None
-        chosen = aligned.strings[request.sampler.pick_probs(probs)]
+        pick = request.sampler.pick_probs(probs)
+        chosen = aligned.strings[pick]
         request.stats.ensembled_tokens += 1
         request.emit(TokenEnsembled(position, chosen, top_candidates(aligned.strings, probs)))
+        names = [m.name for m in self.members]  # the member trust's report: who backed it
+        request.trust.update(backers(names, aligned.probs, aligned.strings, pick))
         return chosen
+
+    def _weights(self, request: Request) -> list[float] | None:
+        """The `weights` option times the ensemble's member trust (either alone when the other
+        is even; None when both are)."""
+        names = [m.name for m in self.members]
+        trust = request.trust.of(names)
+        given = None if self.weights is None else [self.weights[n] for n in names]
+        if given is not None and not sum(given) > 0:  # the weighted members all left
+            given = None
+        if trust is None or given is None:
+            return given if trust is None else trust
+        return [w * t for w, t in zip(given, trust, strict=True)]
 
     def _first_alone(self, request: Request) -> Commit:
         """The grammar allows only tokens that spell part of a character (a character some

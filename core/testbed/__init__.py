@@ -2,6 +2,7 @@
 
     from core.testbed import model_paths, make_problems, check_answer
     paths = model_paths()                                # the three shipped model directories
+    paths = model_paths(weak=True)                       # ... and a weak fourth, last
     problems = make_problems(200, seed=1, form="cot")    # "cot" | "rag" | "react" | "tool"
     check_answer(text, problems[0])
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .models import MODELS_DIR, random_model
+from .models import MODELS_DIR, WEAK, random_model
 from .task import (
     ANSWER_KEYS,
     CALCULATOR_ARG,
@@ -64,11 +65,16 @@ from .tool_set import TOOL_FUNCTIONS, TOOL_SPECS, calculator, call_tool
 # The best model first (methods use the first member as the drafter by default), then one per
 # remaining tokenizer family: bpe, spm, word.
 MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
+# A deliberately weak fourth member (an early checkpoint of tb-gpt2-bpe's run, <= 15 % on cot),
+# for measuring what a weak member costs an ensemble.
+WEAK_MODEL = WEAK.name
 
 
-def model_paths() -> list[Path]:
-    """The shipped models' directories, in a fixed order (the best model first)."""
-    return [MODELS_DIR / name for name in MODEL_ORDER]
+def model_paths(weak: bool = False) -> list[Path]:
+    """The shipped models' directories, in a fixed order (the best model first); `weak=True`
+    adds the weak member last."""
+    names = (*MODEL_ORDER, WEAK_MODEL) if weak else MODEL_ORDER
+    return [MODELS_DIR / name for name in names]
 
 
 __all__ = [
@@ -82,6 +88,7 @@ __all__ = [
     "REACT_SYSTEM_HEADER",
     "TOOL_FUNCTIONS",
     "TOOL_SPECS",
+    "WEAK_MODEL",
     "Problem",
     "answer_schema",
     "calculator",

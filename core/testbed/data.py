@@ -25,6 +25,7 @@ from ..chat import (
     tool_response_text,
     tools_system_block,
 )
+from ..tools import ToolSpec
 from .task import FORMS, make_problems, react_steps, tool_steps
 from .tokenizers import end_of_turn_ids
 
@@ -39,7 +40,7 @@ def _tool_texts(n: int, seed: int) -> list[str]:
     questions, calls, results and answers."""
     out = []
     for p in make_problems(n, seed=seed, form="tool", split="train"):
-        out.append(tools_system_block(p.tools))
+        out.append(tools_system_block(trained_specs(p.tools)))
         if p.response_format is not None:
             out.append(response_format_instruction(p.response_format))
         out += [m["content"] for m in p.messages]
@@ -47,6 +48,14 @@ def _tool_texts(n: int, seed: int) -> list[str]:
             out.append(target)
             out += [tool_response_text(m["content"]) for m in messages if m["role"] == "tool"]
     return out
+
+
+def trained_specs(tools: Sequence[Mapping[str, Any]] | None) -> tuple[ToolSpec, ...]:
+    """The testbed's OpenAI tool dicts as the models were trained to read them: each spec's
+    parameters in their own key order ("properties" first; a spec checked by `core.tools` puts
+    "type" first, so requests through the engine show the same schema with "type" first)."""
+    functions = [tool["function"] for tool in tools or ()]
+    return tuple(ToolSpec(f["name"], f["description"], f["parameters"]) for f in functions)
 
 
 def tokenizer_corpus(n: int = 2000, seed: int = 0) -> list[str]:
@@ -72,7 +81,7 @@ def prompt_ids(
     with its own template (system folded where the template rejects it, tools and tool use
     written as `core.chat` writes them), tokenized without added special tokens."""
     text = render_prompt(
-        tok, normalize_messages(messages), "testbed", tools=tools, response_format=response_format
+        tok, normalize_messages(messages), "testbed", trained_specs(tools), response_format
     )
     return tok(text, add_special_tokens=False).input_ids
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..tools import parse_tool_calls
+from ..tool_calls import parse_tool_calls
 from .data import prompt_ids
 from .task import (
     CALCULATOR_ARG,
@@ -71,7 +71,7 @@ def run_react(model, tok, problem: Problem, max_steps: int = 4) -> tuple[str, li
 
 def first_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
     """The first well-formed call in `text` as (name, arguments), or None (the engine's parser,
-    `core.tools.parse_tool_calls`)."""
+    `core.tool_calls.parse_tool_calls`)."""
     _, calls, _ = parse_tool_calls(text)
     return (calls[0].name, calls[0].arguments) if calls else None
 

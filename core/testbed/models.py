@@ -1,5 +1,8 @@
-"""The three testbed members: which architecture sits on which tokenizer, their shapes, and
-`random_model` for structural tests and benchmarks (same tokenizer and template, random weights)."""
+"""The testbed members: which architecture sits on which tokenizer, their shapes, and
+`random_model` for structural tests and benchmarks (same tokenizer and template, random weights).
+
+`MEMBERS` are the three shipped members; `WEAK` is a fourth, deliberately weak one (an early
+checkpoint of tb-gpt2-bpe's own training run) for measuring what a weak member costs."""
 
 from __future__ import annotations
 
@@ -52,6 +55,10 @@ MEMBERS = {
         dict(hidden_size=96, num_layers=3, num_heads=3, num_kv_heads=1, intermediate_size=256),
     ),
 }
+# An early checkpoint of tb-gpt2-bpe: its shape, tokenizer and template, its training run
+# stopped early (core.testbed.build.WEAK_RECIPE).
+WEAK = MemberSpec("tb-gpt2-early", "gpt2", "bpe", dict(MEMBERS["tb-gpt2-bpe"].shape))
+WEAK_SOURCE = "tb-gpt2-bpe"  # the member whose run it is an early checkpoint of
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 # caller's name -> the architecture's config key

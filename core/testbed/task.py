@@ -9,7 +9,7 @@ One seeded generator, four renderings of the same problems:
   ``ReActAgent`` produces when configured with ``REACT_SYSTEM_HEADER``.
 - ``tool``: native tool use. Two to four tools of ``tool_set`` are offered (``Problem.tools``,
   rendered by ``core.chat.render_prompt`` as at inference); the assistant answers with one call
-  in the canonical syntax of ``core.tools``, then, given the result, with the final answer (as
+  in the canonical syntax of ``core.tool_calls``, then, given the result, with the final answer (as
   JSON when ``Problem.response_format`` asks for it). A share of questions needs none of the
   offered tools and is answered directly, step by step as in ``cot``.
 
@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tools import format_tool_call
+from ..tool_calls import format_tool_call
 from .tool_set import TOOL_SPECS, calculator, call_tool
 
 FORMS = ("cot", "rag", "react", "tool")

@@ -23,6 +23,9 @@ class TrainConfig:
     seed: int = 0
     p_add: float = 0.5  # share of addition steps in the training problems
     form_weights: dict = field(default_factory=lambda: {"cot": 0.7, "rag": 0.15, "react": 0.15})
+    # stop after this many steps: an early checkpoint of the same run (same data, order and
+    # learning-rate schedule as the run of `steps` steps, so its weights are that run's then)
+    stop_after: int | None = None
 
 
 def _batches(data: list[Example], cfg: TrainConfig) -> list[list[Example]]:
@@ -65,7 +68,7 @@ def training_data(tok, cfg: TrainConfig) -> list[Example]:
 def train(model: torch.nn.Module, tok, cfg: TrainConfig, log_every: int = 100) -> dict:
     """Train `model` in place; returns {"seconds", "final_loss"}."""
     torch.manual_seed(cfg.seed)
-    batches = _batches(training_data(tok, cfg), cfg)
+    batches = _batches(training_data(tok, cfg), cfg)[: cfg.stop_after]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -97,6 +100,6 @@ def train(model: torch.nn.Module, tok, cfg: TrainConfig, log_every: int = 100) -
         opt.zero_grad(set_to_none=True)
         smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
         if log_every and (step + 1) % log_every == 0:
-            print(f"  step {step + 1}/{cfg.steps} loss {smooth:.3f} ({time.time() - t0:.0f} s)")
+            print(f"  step {step + 1}/{len(batches)} loss {smooth:.3f} ({time.time() - t0:.0f} s)")
     model.eval()
     return {"seconds": time.time() - t0, "final_loss": smooth}

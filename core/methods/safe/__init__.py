@@ -30,8 +30,10 @@ proposer / scorer / acceptance):
 Every member is then synced back to the committed text (`Member.sync` does every rollback).
 
 Rules the paper leaves to its code are options; `preset="authors"` follows the authors'
-released code (SAFE/safe_generate_unite.py, SAFE/safe_generate_gac.py) on each;
-docs/departures.md lists what each changes, measured:
+released code (SAFE/safe_generate_unite.py, SAFE/safe_generate_gac.py) on each
+(docs/departures.md lists what each changes, measured), and `preset="paper"` runs the paper's
+loop as the paper states it (its main results' heuristic sharpening, our extensions off, the
+rules it leaves open as the library decides them):
 - `stop_check`: how the drafter's stop is read. "mass": as one event, the turn ending (in the
   consensus check a verifier's own "token" there is its stop, with its stop mass; among the
   ensemble's candidates one `EOS` carries each member's stop mass). "text" (authors): as the
@@ -60,7 +62,18 @@ Other decisions the paper leaves open (research notes, safe.md section 6):
   min(1, mean own-token probability / the drafter's); otherwise P_ens is sampled (no residual
   correction: the union's candidates are not the drafter's vocabulary).
 
-Two extensions plug in as parts beside the paper's loop, both off by default:
+The ensemble's member trust (`core.trust`) meets the loop at narrow hooks. Unless `drafter=` is
+given, the member trusted most drafts. P_ens and the consensus check's average are weighted by
+the trust, in the weighted form of the paper's App. H. Each ensemble point reports which
+members' likeliest strings backed the committed one (`ensembling`). Consensus skips report
+nothing, for two reasons. The drafter's own probability helps decide them, so counting them
+makes whoever drafts look right. And a verifier's "agreement" there is with its own next token,
+which a coarse tokenizer (whole words, whole numbers) gets right less often than a fine one
+does. With equal weights, all of this is the paper's loop, bit for bit.
+
+Two extensions plug in as parts beside the paper's loop, both on by default (the library's
+defaults are the configuration that measured best: `heal=True`, `sharpen="geometric"`,
+`max_lookahead=20`; `preset="paper"` turns both off and sharpens as the paper's main results do):
 - `heal=True` (or "oov"): read a verifier by text where its tokens and the drafter's do not
   line up (`heal.py`, a part of the verifiers' scoring).
 - `max_lookahead`: drafts that grow while they are accepted whole (`drafting.GrowingLength`, a
@@ -74,6 +87,7 @@ Two extensions plug in as parts beside the paper's loop, both off by default:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ...aggregate import SHARPENINGS
 from ...alignment import AGGREGATORS, GATE, SUBTOKEN_RULES, Aligner
@@ -104,14 +118,35 @@ SKIP_REASONS = ("skip_mismatch", "skip_consensus", "skip_gate")
 EXTRA_TOKENS = "ensemble_extra_tokens"
 
 REMAPS = ("likeliest", "as-aligned")
-# The rules as the library decides them, and as the authors' released code has them.
+# The rules as the library decides them.
 RULES = {"stop_check": "mass", "remap": "likeliest", "subtoken": "first"}
-PRESETS = {"authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank"}}
+# What a preset sets: the rules, the sharpening and our two extensions. The library's defaults
+# (the configuration that measured best: README, "The default"), then each preset: the paper's
+# loop as it states it (its main results' heuristic sharpening, fixed 5-token drafts, no text
+# reading), and the authors' released code (the same, with their rules).
+DEFAULTS = {**RULES, "sharpen": "geometric", "heal": True, "max_lookahead": 20}
+PUBLISHED = {"sharpen": "heuristic", "heal": False, "max_lookahead": None}
+PRESETS = {
+    "paper": PUBLISHED,
+    "authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank", **PUBLISHED},
+}
+
+
+class _Default:
+    """An option left out: the preset's value, else the library's default (`DEFAULTS`)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT: Any = _Default()
 
 __all__ = ["EXTRA_TOKENS", "HEALED", "PRESETS", "SKIP_REASONS", "Safe", "consensus"]
 
 
-def consensus(own: Sequence[float], agree: Sequence[bool]) -> bool:
+def consensus(
+    own: Sequence[float], agree: Sequence[bool], weights: Sequence[float] | None = None
+) -> bool:
     """SAFE's skip rule (Ensemble Distribution Verification). `own[0]` is the drafter's
     probability of its own token, `own[1:]` each verifier's probability of ITS own next token
     at the aligned boundary; `agree[i]` says whether verifier i's argmax is that token.
@@ -119,8 +154,15 @@ def consensus(own: Sequence[float], agree: Sequence[bool]) -> bool:
     Skip when every verifier agrees (the drafter, greedy, agrees by construction) or when the
     average own-token probability is above 1/2: either way the drafted token is the argmax of
     the plain average (Theorem 1), so ensembling cannot change it. Ties (exactly 1/2) do not
-    skip: two candidates could then share the maximum."""
-    return all(agree) or sum(own) / len(own) > 0.5
+    skip: two candidates could then share the maximum. With member `weights` (in `own`'s
+    order) the average is the weighted one the ensemble then takes (the paper's App. H)."""
+    return all(agree) or _mean(own, weights) > 0.5
+
+
+def _mean(values: Sequence[float], weights: Sequence[float] | None) -> float:
+    if weights is None:
+        return sum(values) / len(values)
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / sum(weights)
 
 
 class Safe(Method):
@@ -131,23 +173,35 @@ class Safe(Method):
     def __init__(
         self,
         members,
-        drafter: int | str = 0,
+        drafter: int | str | None = None,
         lookahead: int = 5,
         aggregator: str = "unite",
         top_k: int = 10,
-        sharpen: str | None = "heuristic",
+        sharpen: str | None = DEFAULT,
         threshold: float = 0.1,
-        heal: bool | str = False,
-        max_lookahead: int | None = None,
+        heal: bool | str = DEFAULT,
+        max_lookahead: int | None = DEFAULT,
         preset: str | None = None,
         stop_check: str | None = None,
         remap: str | None = None,
         subtoken: str | None = None,
     ) -> None:
         super().__init__(members)
-        _check_options(aggregator, sharpen, lookahead, top_k, max_lookahead, threshold, heal)
-        rules = _rules(preset, stop_check=stop_check, remap=remap, subtoken=subtoken)
-        self.drafter = pick_member(self.members, drafter, "drafter")
+        _check_options(aggregator, lookahead, top_k, threshold)
+        rules = _rules(
+            preset,
+            lookahead,
+            stop_check=stop_check,
+            remap=remap,
+            subtoken=subtoken,
+            sharpen=sharpen,
+            heal=heal,
+            max_lookahead=max_lookahead,
+        )
+        sharpen, heal, max_lookahead = rules["sharpen"], rules["heal"], rules["max_lookahead"]
+        # None: the member the ensemble trusts most drafts (the first while all are trusted alike)
+        self.drafter = 0 if drafter is None else pick_member(self.members, drafter, "drafter")
+        self.drafter_given = drafter is not None
         self.lookahead = lookahead
         self.max_lookahead = max_lookahead or lookahead
         self.heal = heal is not False
@@ -165,6 +219,14 @@ class Safe(Method):
         """The drafter first (it owns the output tokenization), then the verifiers."""
         d = self.drafter
         return [self.members[d]] + [m for i, m in enumerate(self.members) if i != d]
+
+    def trusting(self, weights: dict[str, float]) -> Safe:
+        """Unless `drafter=` was given, the member trusted most drafts (ties: the first)."""
+        twin = self.bind(self.members)
+        if not self.drafter_given:
+            trust = [weights.get(m.name, 0.0) for m in self.members]
+            twin.drafter = max(range(len(trust)), key=lambda i: (trust[i], -i))
+        return twin
 
     @property
     def verifiers(self) -> list[int]:
@@ -240,7 +302,7 @@ class Safe(Method):
         pos = draft.positions[j]
         at = draft.start + tokens
         choice = self.ensembler.choose(
-            self.members, self.drafter, readings, j, pos, at, request.sampler
+            self.members, self.drafter, readings, j, pos, at, request.sampler, request.trust
         )
         request.emit(choice.event)
         request.stats.ensembled_tokens += 1
@@ -277,14 +339,19 @@ class Safe(Method):
             agree.append(agrees)
         if any(readings.healed(i, j) for i in self.verifiers):
             request.stats.count(HEALED)
-        return SkipConsensus(at) if self._agreed(own, agree, request.sampler) else None
+        names = [self.members[i].name for i in [self.drafter, *self.verifiers]]
+        weights = request.trust.of(names)  # None: all trusted alike, the paper's plain mean
+        agreed = self._agreed(own, agree, request.sampler, weights)
+        return SkipConsensus(at) if agreed else None
 
     @staticmethod
-    def _agreed(own: list[float], agree: list[bool], sampler: Sampler) -> bool:
+    def _agreed(
+        own: list[float], agree: list[bool], sampler: Sampler, weights: list[float] | None
+    ) -> bool:
         if sampler.greedy:
-            return consensus(own, agree)
+            return consensus(own, agree, weights)
         # App. H: accept the drafted token with probability min(1, P_ens / P_draft)
-        ratio = (sum(own) / len(own)) / max(own[0], 1e-30)
+        ratio = _mean(own, weights) / max(own[0], 1e-30)
         return sampler.uniform() < min(1.0, ratio)
 
     # --- the parts, per request -------------------------------------------------------------
@@ -343,26 +410,32 @@ class Safe(Method):
 # Options.
 
 
-def _check_options(aggregator, sharpen_, lookahead, top_k, max_lookahead, threshold, heal) -> None:
+def _check_options(aggregator, lookahead, top_k, threshold) -> None:
     check_choice("aggregator", aggregator, AGGREGATORS)
-    check_choice("sharpen", sharpen_, (*SHARPENINGS, None))
     check_int("lookahead", lookahead, low=1, example=5)  # the paper's 5
     check_int("top_k", top_k, low=1, example=10)  # the paper's 10
-    if max_lookahead is not None:  # None: every draft `lookahead` tokens, as in the paper
-        check_int("max_lookahead", max_lookahead, low=lookahead, example=max(20, lookahead))
     check_real("threshold", threshold, low=0, high=1, high_open=True, example=0.1)
-    check_choice("heal", heal, (False, True, "oov"))
 
 
-def _rules(preset: str | None, **given: str | None) -> dict[str, str]:
-    """The rules: each given option, else the preset's, else the library's."""
+def _rules(preset: str | None, lookahead: int, **given) -> dict:
+    """What a preset sets: each given option, else the preset's, else the library's default
+    (whose drafts grow to at least `lookahead`)."""
     if preset is not None:
         check_choice("preset", preset, tuple(PRESETS))
-    rules = {**RULES, **(PRESETS[preset] if preset else {})}
-    rules |= {k: v for k, v in given.items() if v is not None}
+    rules = {**DEFAULTS, **(PRESETS[preset] if preset else {})}
+    if given["max_lookahead"] is DEFAULT and rules["max_lookahead"] is not None:
+        rules["max_lookahead"] = max(rules["max_lookahead"], lookahead)
+    for key, value in given.items():  # the rules take None for "not given" too
+        if value is not DEFAULT and not (value is None and key in RULES):
+            rules[key] = value
     check_choice("stop_check", rules["stop_check"], STOP_CHECKS)
     check_choice("remap", rules["remap"], REMAPS)
     check_choice("subtoken", rules["subtoken"], SUBTOKEN_RULES)
+    check_choice("sharpen", rules["sharpen"], (*SHARPENINGS, None))
+    check_choice("heal", rules["heal"], (False, True, "oov"))
+    grow = rules["max_lookahead"]
+    if grow is not None:  # None: every draft `lookahead` tokens, as in the paper
+        check_int("max_lookahead", grow, low=lookahead, example=max(20, lookahead))
     return rules
 
 

@@ -5,6 +5,10 @@ strings (`core.alignment`: UniTE's top-k union, or GaC's full union restricted t
 top-k for sharpening), averaged, and sharpened where the average is overly smooth (its max
 below one half: `core.aggregate.sharpen`); the choice is its argmax (greedy) or a draw. A
 verifier read by text (`heal`) gives its column over the candidates directly.
+
+The ensemble's member trust weights the average (the paper's App. H, weighted; equal weights
+give the plain mean), and each choice is reported to it: which members' likeliest strings
+backed the committed one (`core.trust.backers`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ...alignment import Aligned, Aligner, top_candidates
 from ...events import EnsemblePoint
 from ...member import Member
 from ...sampling import Sampler
+from ...trust import TrustView, backers
 from .drafting import Position
 from .scoring import Readings
 
@@ -47,6 +52,7 @@ class Ensembler:
         pos: Position,
         at: int,
         sampler: Sampler,
+        trust: TrustView,
     ) -> Choice:
         order = [drafter, *readings.built]  # the drafter first, then the verifiers
         rows = {drafter: pos.row}
@@ -62,14 +68,22 @@ class Ensembler:
                 probs[i] = readings.column(i, j, aligned.strings, pool)
         matrix = torch.stack([probs[i] for i in order])
         eligible = self._drafter_top(members[drafter], pos.row, aligned)
+        names = [members[i].name for i in order]
         scores, fired = sharpen(
-            matrix, self.sharpening, aligned.strings, eligible, donors, threshold=self.threshold
+            matrix,
+            self.sharpening,
+            aligned.strings,
+            eligible,
+            donors,
+            trust.of(names),  # None: all trusted alike, the paper's plain mean
+            threshold=self.threshold,
         )
         top = top_candidates(aligned.strings, scores)
         if float(scores.max()) <= 0:  # a grammar allows only part of a character here: no
             return Choice(None, EnsemblePoint(at, pos.string, pos.string, top, fired), frozenset())
         pick = int(torch.argmax(scores)) if sampler.greedy else sampler.pick_probs(scores)
         chosen = aligned.strings[pick]
+        trust.update(backers(names, matrix, aligned.strings, pick))  # the trust's report
         return Choice(chosen, EnsemblePoint(at, pos.string, chosen, top, fired), aligned.stops)
 
     def _pool(self, aligned: Aligned, pos: Position) -> tuple[list[int], torch.Tensor | None]:

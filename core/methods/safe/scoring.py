@@ -171,7 +171,7 @@ def _score(reading: Reading, positions: list[Position], sampler: Sampler, extra:
     reading.own, reading.agree = [0.0] * len(aligned), [False] * len(aligned)
     if not wanted:
         return
-    rows = member.constrained_rows(member.logprobs(wanted), wanted)  # (under a grammar)
+    rows = member.logprobs(wanted)
     reading.rows = dict(zip(wanted, rows, strict=True))
     if not sampler.greedy:  # the distributions actually sampled from
         rows = torch.stack([sampler.distribution(r) for r in rows]).clamp_min(1e-30).log()

@@ -1,27 +1,31 @@
 """Committed response text -> what a delta shows: the content, and the tool calls.
 
 The ensemble commits one text. With tools, that text holds call regions in the canonical syntax
-(`core.tools`): they are cut out of the content and handed over whole, as parsed calls, when they
-close. Stop strings (`core.stops`) apply to the content only, never inside a call, and not to an
-answer constrained by a `response_format` (a stop string must not cut a JSON value).
+(`core.tool_calls`): they are cut out of the content and handed over whole, as parsed calls, when
+they close. Stop strings (`core.stops`) apply to the content only, never inside a call, and not to
+an answer constrained by a `response_format` (a stop string must not cut a JSON value).
 """
 
 from __future__ import annotations
 
 from .config import GenerationConfig
 from .stops import StopFilter
-from .tools import InvalidToolCall, ToolCall, ToolCallStream
+from .tool_calls import InvalidToolCall, ToolCall, ToolCallStream
 
 
-class ResponseShaper:
+class ResponseSplitter:
+    """Splits the committed text, as it grows, into the content a delta shows (cut at the first
+    stop string) and the tool calls that closed."""
+
     def __init__(self, config: GenerationConfig) -> None:
-        self.calls = ToolCallStream() if config.calls_tools else None
+        offered = [tool.name for tool in config.tools]
+        self.calls = ToolCallStream(offered) if config.calls_tools else None
         self.stops = StopFilter(() if config.response_format is not None else config.stop)
 
     @property
-    def stopped(self) -> bool:
+    def stop_string_found(self) -> bool:
         """A stop string ended the content."""
-        return self.stops.stopped
+        return self.stops.found
 
     @property
     def in_call(self) -> bool:
@@ -41,6 +45,6 @@ class ResponseShaper:
         if self.calls is not None:
             text, calls = self.calls.finish()
         content = self.stops.feed(text)
-        if not self.stops.stopped:
+        if not self.stops.found:
             content += self.stops.flush()
         return content, calls

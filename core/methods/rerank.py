@@ -1,0 +1,160 @@
+"""Rerank: ensembling whole answers. Every member answers; every member scores every answer;
+the weighted vote picks one, which is then streamed.
+
+The answer-level counterpart of SpecEM (one round whose segments are whole answers): each
+member continues the committed text to the end of its turn (or the token limit) from its own
+cache; each member then scores all distinct answers in ONE verify-in-line pass (`Member.score`,
+the log-prob of ending the turn included for answers that end it) and turns its scores into a
+unit vote over the answers (SpecEM's `normalise`: mean token log-prob, softmax over the
+answers, by default). The answers' totals are the members' votes weighted by their voting
+weights (equal unless given); the highest wins, ties going to the earlier member.
+
+It costs every member a whole answer plus one scoring pass, so its time per output token is
+about the sum of the members' (on one device) rather than the drafter's. What it can fix is
+also different: it picks among the members' answers and never combines two of them, so it
+cannot beat the best answer any member wrote (a token- or segment-level method can: a step
+one member gets right followed by a step another gets right).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import InvalidConfigError
+from ..events import SegmentCandidates, SegmentSelected
+from ..member import Member
+from ..parallel import each
+from .base import Commit, Method, Request, check_choice
+from .specem import SCORES, normalise, win_rates
+
+
+@dataclass
+class Answer:
+    """One distinct answer: its text, whether it ended the turn, the members that wrote it."""
+
+    text: str
+    ended: bool
+    authors: list[int] = field(default_factory=list)
+
+
+class Rerank(Method):
+    """Options: `score` ("logprob" | "prob" | "logit", as SpecEM's)."""
+
+    name = "rerank"
+    min_members = 2
+
+    def __init__(self, members, score: str = "logprob") -> None:
+        super().__init__(members)
+        check_choice("score", score, SCORES)
+        for member in self.members if score == "logit" else ():
+            if not member.gives_logits:
+                raise InvalidConfigError(
+                    f"score='logit' needs raw logits, which member {member.name!r} (served "
+                    "over HTTP) cannot give; use score='logprob' or 'prob'."
+                )
+        self.scoring = score
+
+    def run(self, request: Request) -> Iterator[Commit]:
+        base = request.text
+        names = [m.name for m in self.members]
+        for member in self.members:
+            member.sync(base)
+        start = [m.n_tokens for m in self.members]
+        answers = self._answer(request)
+        drafted = {names[i]: a.text for a in answers for i in a.authors}
+        request.emit(SegmentCandidates(1, drafted))
+        if not answers:  # nobody could add text (context windows full)
+            yield Commit("", 0, "length")
+            return
+        chosen = self._select(request, base, answers)
+        author = chosen.authors[0]
+        winner = self.members[author]
+        winner.sync(base + chosen.text)  # its own tokens: they still spell the answer
+        ends = list(winner.token_ends[start[author] :])
+        voted = len(answers) > 1
+        for commit in _stream(request, (base + chosen.text).encode("utf-8"), ends, chosen.ended):
+            if voted:  # the vote chose every token of the answer
+                request.stats.ensembled_tokens += commit.tokens
+            yield commit
+
+    def _answer(self, request: Request) -> list[Answer]:
+        """Each member's whole answer; the distinct ones, in member order."""
+        limit = request.remaining
+        drafts = each(self.members, lambda m, s: m.draft(limit, s), request.sampler)
+        found: dict[tuple[str, bool], Answer] = {}
+        for i, (member, draft) in enumerate(zip(self.members, drafts, strict=True)):
+            text = member.text[len(request.text) :]
+            if not text and not draft.stopped:
+                continue  # no room left in its window
+            found.setdefault((text, draft.stopped), Answer(text, draft.stopped)).authors.append(i)
+        return list(found.values())
+
+    def _select(self, request: Request, base: str, answers: list[Answer]) -> Answer:
+        """Every member scores every answer (one pass each); the weighted vote picks one."""
+        names = [m.name for m in self.members]
+        k = len(self.members)
+        trust = request.trust.of(names)
+        weights = torch.tensor(trust or [1.0] * k, dtype=torch.float64)
+        weights = weights / weights.sum()
+        if len(answers) == 1:  # every member wrote the same answer: nothing to vote on
+            request.stats.count("consensus")
+            shares = torch.ones(k, 1, dtype=torch.float64)
+        else:
+            request.stats.ensembled_rounds += 1
+            texts, ends = [a.text for a in answers], [a.ended for a in answers]
+
+            def vote(member: Member) -> list[float]:
+                values = member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
+                return normalise(values, self.scoring)
+
+            shares = torch.tensor(each(self.members, vote), dtype=torch.float64)
+        totals = (weights[:, None] * shares).sum(0).tolist()
+        chosen = answers[max(range(len(answers)), key=lambda c: (totals[c], -c))]
+        winner = names[chosen.authors[0]]
+        if len(answers) > 1:
+            request.stats.count(f"won/{winner}")
+        request.stats.weights = dict(zip(names, weights.tolist(), strict=True))
+        scores = {
+            names[v]: {
+                names[i]: float(shares[v, c]) for c, a in enumerate(answers) for i in a.authors
+            }
+            for v in range(k)
+        }
+        request.emit(SegmentSelected(1, winner, chosen.text, scores, request.stats.weights))
+        if len(answers) > 1:  # the member trust's report: how the others scored each answer
+            column = {i: c for c, a in enumerate(answers) for i in a.authors}
+            authors = sorted(column)
+            rates = win_rates(shares[:, [column[i] for i in authors]], authors).tolist()
+            request.trust.update({names[i]: rates[i] for i in authors})
+        return chosen
+
+    def summary(self) -> dict:
+        return {**super().summary(), "score": self.scoring}
+
+
+def _stream(request: Request, data: bytes, ends: Sequence[int], ended: bool) -> Iterator[Commit]:
+    """The chosen answer (`data`: committed text + answer, as bytes) streamed one piece per
+    winner token (a token ending inside a character joins the next), each counted as the tokens
+    it spans. Text the facade commits between pieces (what a request's grammar forces) is
+    skipped: the answer followed the grammar, so it continues with that text."""
+    done, count = len(request.text.encode("utf-8")), 0
+    for end in ends:
+        count += 1
+        done = max(done, len(request.text.encode("utf-8")))
+        if end <= done:
+            count = 0  # forced text covered it (the facade counted its tokens)
+            continue
+        try:
+            piece = data[done:end].decode("utf-8")
+        except UnicodeDecodeError:  # inside a character: wait for its last byte
+            continue
+        yield Commit(piece, count)
+        done, count = end, 0
+    if ended:
+        yield Commit("", count + 1, "stop")  # the stop token is a generated token
+
+
+METHOD = Rerank

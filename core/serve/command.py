@@ -1,0 +1,83 @@
+"""The `serve` command of `llm-ensembling`: its arguments, and the server it starts. Free of
+the server libraries until the server starts, so the CLI loads without the serve extra."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cli_options import parse_options
+from ..errors import InvalidConfigError
+from .settings import build_settings, read_config
+
+_LIMITS = (
+    "max_body_bytes", "max_messages", "max_tools", "max_schema_bytes", "max_tokens", "max_stop",
+)  # fmt: skip
+
+
+def serve(args: argparse.Namespace) -> int:
+    settings = build_settings(
+        read_config(args.config) if args.config else None,
+        ensemble={
+            "members": args.model or None,
+            "method": args.method,
+            "options": parse_options(args.option) or None,
+            "device": args.device,
+            "dtype": args.dtype,
+            "on_member_failure": args.on_member_failure,
+            "max_concurrency": args.max_concurrency,
+            "max_queue": args.max_queue,
+            "queue_timeout": args.queue_timeout,
+        },
+        server={
+            "host": args.host,
+            "port": args.port,
+            "names": args.name or None,
+            "api_key_file": args.api_key_file,
+            "grace_seconds": args.grace,
+            "log_level": args.log_level,
+            "threads": args.threads,
+        },
+        limits={name: getattr(args, name) for name in _LIMITS},
+        api_keys=args.api_key,
+    )
+    try:
+        from .runner import run
+    except ImportError as error:
+        raise InvalidConfigError(
+            f"serve needs the serve extra ({error.name} is missing): "
+            "pip install 'llm-ensembling[serve]'."
+        ) from None
+    return run(settings)
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the ensemble as one OpenAI-compatible model over HTTP (needs the serve extra)",
+    )
+    p.add_argument("--config", default=None, help="ensemble.toml: members, method, options, ...")
+    p.add_argument("--model", action="append", default=[], help="repeat for each member")
+    p.add_argument("--method", default=None, help="safe | specem | token | single")
+    p.add_argument("--option", action="append", default=[], help="method option key=value")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--on-member-failure", default=None, choices=["raise", "drop"])
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--max-queue", type=int, default=None)
+    p.add_argument("--queue-timeout", type=float, default=None, help="seconds; then 429")
+    p.add_argument("--host", default=None, help="default 127.0.0.1 (others need a key)")
+    p.add_argument("--port", type=int, default=None, help="default 8000")
+    p.add_argument("--name", action="append", default=[], help="served model name (repeat)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help="a key clients send as a bearer token (repeat); also LLM_ENSEMBLING_API_KEY",
+    )
+    p.add_argument("--api-key-file", default=None, help="keys, one per line")
+    p.add_argument("--grace", type=float, default=None, help="seconds to drain on SIGTERM")
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    for name in _LIMITS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    p.set_defaults(func=serve)

@@ -1,0 +1,54 @@
+"""The headroom benchmark end to end through the CLI: every member alone, the ceiling and the
+share of the gap each ensemble closes computed from this run's own answers, ratios side by side,
+the weights learned on the warm-up problems."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.cli import main
+from core.testbed import WEAK_MODEL, model_paths
+
+pytestmark = pytest.mark.skipif(
+    not all((p / "model.safetensors").is_file() for p in model_paths(weak=True)),
+    reason="testbed not built: run python -m core.testbed.build",
+)
+
+
+def test_headroom_rows_ceiling_gap_ratios_and_weights(tmp_path):
+    out = tmp_path / "headroom"
+    args = ["bench", "--headroom", "--n", "3", "--warmup", "2", "--sets", "three,weak"]
+    args += ["--methods", "safe", "--max-new-tokens", "40", "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["warmup"] == {"problems": 2, "seed": 2} and data["seed"] == 1
+    assert data["command"].startswith("llm-ensembling bench --headroom") and data["date"]
+    rows = {row["label"]: row for row in data["rows"]}
+    names = [p.name for p in model_paths(weak=True)]
+    assert names[-1] == WEAK_MODEL
+    singles = {n: rows[f"single {n}"] for n in names}
+    right = {n: [p["correct"] for p in data["per_problem"][f"single {n}"]] for n in names}
+    three, four = "bpe + spm + word", "bpe + spm + word + early"
+    assert {f"{three}: safe", f"{four}: safe"} <= set(rows)
+    assert any(label.startswith(f"{three}: safe (") for label in rows)  # its best options too
+    for label, row in rows.items():
+        if row["method"] == "single":
+            assert row["weights_after_warmup"] is None
+            continue
+        members = names if label.startswith(four) else names[:3]
+        ceiling = sum(any(r[i] for r in (right[n] for n in members)) for i in range(3)) / 3
+        best = max(singles[n]["accuracy"] for n in members)
+        assert row["ceiling"] == pytest.approx(ceiling) and row["best_single"] == best
+        if ceiling > best:
+            expected = (row["accuracy"] - best) / (ceiling - best)
+            assert row["gap_closed"] == pytest.approx(expected)
+        weights = row["weights_after_warmup"]
+        assert set(weights) == set(members) and sum(weights.values()) == pytest.approx(1.0)
+        drafter = singles[row["drafter"]]
+        assert row["ratio_to_drafter"] == pytest.approx(
+            row["ms_per_token"] / drafter["ms_per_token"]
+        )
+    table = (out / "results.md").read_text()
+    assert "gap closed" in table and "weights after 2 warm-up problems (seed 2)" in table

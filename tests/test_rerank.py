@@ -1,0 +1,77 @@
+"""Rerank through the public API: every member answers, every member scores every answer, and
+the answer with the highest vote is streamed, exactly as the member that wrote it wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import GenerationConfig, InvalidConfigError
+from core.events import SegmentCandidates, SegmentSelected
+from core.testbed import make_problems
+
+CONFIG = GenerationConfig(max_new_tokens=64)
+
+
+def _problems(n: int = 12):
+    return make_problems(n, seed=4, form="cot")
+
+
+def test_the_chosen_answer_is_its_authors_own_text_streamed_in_pieces(make_ensemble):
+    ensemble = make_ensemble("rerank", learn_weights=False)  # every member answers every time
+    singles = [make_ensemble("single", [i]) for i in range(3)]
+    disagreed = 0
+    for problem in _problems():
+        deltas = list(ensemble.stream(problem.messages, CONFIG))
+        text = "".join(d.text for d in deltas)
+        events = [e for d in deltas for e in d.events]
+        drafted = next(e for e in events if isinstance(e, SegmentCandidates)).candidates
+        chosen = next(e for e in events if isinstance(e, SegmentSelected))
+        alone = {s.members[0].name: s.generate(problem.messages, CONFIG) for s in singles}
+        # every member's answer is what it writes alone, and the output is the winner's
+        assert drafted == {name: out.text for name, out in alone.items()}
+        assert text == chosen.text == alone[chosen.winner].text
+        stats = deltas[-1].stats
+        assert stats.tokens == alone[chosen.winner].stats.tokens
+        assert deltas[-1].finish_reason == "stop"
+        if len(set(drafted.values())) > 1:  # voted on: one verify-in-line pass per member
+            disagreed += 1
+            assert stats.ensembled_rounds == 1 and len(chosen.scores) == 3
+            assert stats.ensembled_tokens == stats.tokens  # the vote chose every token
+            for row in chosen.scores.values():  # each member's vote over the answers sums to 1
+                shares = {drafted[author]: share for author, share in row.items()}
+                assert sum(shares.values()) == pytest.approx(1.0)
+            assert len([d for d in deltas if d.text]) > 3  # streamed, not one block
+        else:
+            assert stats.ensembled_rounds == stats.ensembled_tokens == 0
+            assert stats.counts.get("consensus") == 1
+    assert disagreed  # the shipped members disagree on some of these problems
+
+
+def test_the_vote_picks_the_answer_with_the_highest_total(make_ensemble):
+    ensemble = make_ensemble("rerank")
+    for problem in _problems(8):
+        out = ensemble.generate(problem.messages, CONFIG)
+        chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
+        totals: dict[str, float] = {}
+        for verifier, row in chosen.scores.items():
+            for author, share in row.items():
+                totals[author] = totals.get(author, 0.0) + chosen.weights[verifier] * share
+        assert totals[chosen.winner] == pytest.approx(max(totals.values()))
+
+
+def test_answers_follow_a_grammar_and_forced_text_is_not_repeated(make_ensemble):
+    ensemble = make_ensemble("rerank")
+    problem = make_problems(6, seed=4, form="tool")
+    problem = next(p for p in problem if p.expected_call is not None)
+    out = ensemble.generate(
+        problem.messages, tools=problem.tools, tool_choice="required", max_new_tokens=96
+    )
+    assert out.finish_reason == "tool_calls" and len(out.tool_calls) == 1
+    assert out.tool_calls[0].name in {t["function"]["name"] for t in problem.tools}
+
+
+def test_bad_options_fail_at_the_call(make_ensemble):
+    with pytest.raises(InvalidConfigError, match="score"):
+        make_ensemble("rerank", score="vote")
+    with pytest.raises(InvalidConfigError, match="at least 2"):
+        make_ensemble("rerank", [0])
