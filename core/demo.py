@@ -51,12 +51,13 @@ def run(n: int = 60, seed: int = 1, max_new_tokens: int = 120, methods: Sequence
         note = ""
         if name not in singles and ceiling > best:
             note = f"  closes {100 * (accuracy - best) / (ceiling - best):.0f} % of the gap"
+        elif name not in singles:
+            note = "  (no gap to close: the best member is at the ceiling here)"
         print(f"  {name:60s} {100 * accuracy:5.1f} %{note}")
     print(f"  {'at least one member right (the ceiling)':60s} {100 * ceiling:5.1f} %")
     print(f"  best single member: {best_name.removesuffix(' alone')} ({100 * best:.1f} %)")
-    weights = getattr(default, "member_weights", None)
-    if weights:
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in weights.items())
+    if default.learn_weights:
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in default.member_weights.items())
         print(f"  member weights the default ensemble learned on the way: {shown}")
     example = _disagreement(problems, singles, label, right, outputs)
     if example is None:

@@ -14,7 +14,7 @@ def test_demo_shows_the_headroom_and_a_problem_the_ensemble_decides(capsys):
     assert "default ensemble: " in out and "SAFE as published (preset='paper')" in out
     assert "specem (its defaults)" in out
     assert "at least one member right (the ceiling)" in out and "best single member: " in out
-    assert "of the gap" in out
+    assert "of the gap" in out or "no gap to close" in out
     # the problem where the members disagree: each member's answer, the ensemble's, its events
     assert "Where the members disagree: " in out and "how it decided:" in out
 

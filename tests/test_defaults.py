@@ -28,7 +28,7 @@ def test_the_core_default_is_what_the_readme_says(tiny_members):
     method = stated.pop("method")
     assert method == DEFAULT_METHOD
     ensemble = Ensemble(tiny_members)
-    assert ensemble.method_name == method
+    assert ensemble.method == method
     summary = ensemble.summary()
     for option, value in stated.items():
         assert summary[option] == value, option
