@@ -130,10 +130,14 @@ departures3() {  # docs/departures.md: the token baselines and SpecEM's choices,
     --config "specem no feedback=specem:feedback=false"
 }
 
-concurrency() {  # every method (SAFE: paper preset) at 1-16 concurrent requests, against the same
-  # requests one at a time; levels interleaved chunk by chunk
-  $BENCH --concurrency 1,2,4,8,16 --n 160 --threads 1 --max-new-tokens 128 \
-    --methods single,token,specem --config "safe=safe:preset=paper" --out "$OUT/concurrency"
+concurrency() {  # every method at its defaults at 1, 8 and 16 concurrent requests, against the
+  # same requests one at a time and against the bare models' own batching of them (the bound);
+  # short chain-of-thought prompts, then RAG-length ones; levels interleaved chunk by chunk
+  local methods=single,token,safe,specem,rerank
+  $BENCH --concurrency 1,8,16 --n 64 --threads 1 --max-new-tokens 32 --ignore-stop \
+    --methods "$methods" --out "$OUT/concurrency"
+  $BENCH --concurrency 1,8,16 --form rag --prompt-tokens 720 --n 32 --threads 1 \
+    --max-new-tokens 40 --ignore-stop --methods "$methods" --out "$OUT/concurrency-rag"
 }
 
 soak() {  # 1,000 requests: methods, threads and asyncio tasks, abandoned and cancelled streams,
