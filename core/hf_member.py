@@ -315,7 +315,9 @@ class HFMember(Member):
         self._set_last_row(first if not raw else torch.log_softmax(first, -1))
         return scores
 
-    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _model_branch_logprobs(
+        self, boundary: int, branches: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
         with self._transaction("branch scoring"):
             branches = self._check_branches(boundary, branches)
             if not branches:

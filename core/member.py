@@ -33,7 +33,7 @@ import torch
 
 from .chat import Message, prompt_ids
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
-from .grammar import Constraint, Matcher, constrain
+from .grammar import Constraint, ConstraintError, GrammarViolation, Matcher, constrain
 from .kv import common_prefix
 from .sampling import Sampler
 from .tools import ToolSpec
@@ -349,7 +349,31 @@ class Member(ABC):
     def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
         """Next-token log-probs after the first `boundary` response tokens followed by each
         branch of ids (any ids: canonical for some text or not), in one pass: [branches, vocab].
-        Text, ids and cache stay as they were. SAFE's `heal` scores a partial word with it."""
+        Text, ids and cache stay as they were. SAFE's `heal` scores a partial word with it.
+        Under the request's grammar each row is masked as `logprobs` masks; a branch the
+        grammar rejects, or after which it allows nothing this member would write, gets a row
+        of -inf (nothing can follow it)."""
+        rows = self._model_branch_logprobs(boundary, branches)
+        grammar = self._state.grammar
+        if grammar is None:
+            return rows
+        base, masked = self.ids[:boundary], []
+        for row, branch in zip(rows, branches, strict=True):
+            try:
+                grammar.follow([*base, *branch])
+            except GrammarViolation:
+                masked.append(torch.full_like(row, float("-inf")))
+                continue
+            try:
+                masked.append(constrain(row, grammar.allowed()))
+            except ConstraintError:  # every allowed id has probability 0 here
+                masked.append(torch.full_like(row, float("-inf")))
+        return torch.stack(masked) if masked else rows
+
+    def _model_branch_logprobs(
+        self, boundary: int, branches: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """The backend's `branch_logprobs`, before the grammar's mask."""
         raise NotImplementedError(
             f"member {self.name!r} cannot score token branches; use SAFE with heal=False."
         )

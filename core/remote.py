@@ -686,7 +686,9 @@ class RemoteMember(Member):
             scores.append(torch.tensor(values, dtype=torch.float32))
         return scores
 
-    def branch_logprobs(self, boundary: int, branches: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _model_branch_logprobs(
+        self, boundary: int, branches: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
         with self._transaction("branch scoring"):
             branches = self._check_branches(boundary, branches)
             self._check_cancelled()

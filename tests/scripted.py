@@ -59,5 +59,5 @@ class Scripted(HFMember):
             scores.append(torch.tensor(values))
         return scores
 
-    def branch_logprobs(self, boundary, branches):
+    def _model_branch_logprobs(self, boundary, branches):
         return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])

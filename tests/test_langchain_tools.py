@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 
 import pytest
 from conftest import needs_trained
-from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -487,35 +486,46 @@ def _example(name: str):
     return module
 
 
+# a held-out tool problem that asks for a JSON answer (calculator, then {"count": ...})
+JSON_PROBLEM = next(p for p in make_problems(12, seed=3, form="tool") if p.response_format)
+
+
 def test_create_agent_sends_tools_with_the_response_format(scripted):
     """create_agent picks its ProviderStrategy (the profile says structured output works): the
-    response_format reaches the engine together with the tools, every turn."""
+    response_format reaches the engine together with the problem's tools, every turn."""
     agent_example = _example("langchain_agent")
+    problem = JSON_PROBLEM
+    name, arguments = problem.expected_call
+    key = next(iter(problem.response_format["properties"]))
 
     def script(messages: list) -> str:
         if messages[-1]["role"] == "tool":
-            return json.dumps({"value": int(messages[-1]["content"]), "confident": True})
-        return call_text("add", {"a": 7, "b": 5})
+            return json.dumps({key: int(messages[-1]["content"])})
+        return call_text(name, arguments)
 
     chat, engine = scripted(script)
-    agent = create_agent(chat, tools=[agent_example.add], response_format=agent_example.Answer)
-    state = agent.invoke({"messages": [{"role": "user", "content": QUESTION}]})
-    assert state["structured_response"] == agent_example.Answer(value=12, confident=True)
+    state = agent_example.run(agent_example.make_agent(chat, problem), problem)
+    result = int(agent_example.TOOLS[name].invoke(arguments))
+    assert state["structured_response"] == {key: result}
+    offered = [spec["function"]["name"] for spec in problem.tools]
     for _, config in engine.requests:
-        assert [t.name for t in config.tools] == ["add"]
-        assert set(config.response_format["properties"]) == {"value", "confident"}
+        assert [t.name for t in config.tools] == offered
+        assert config.response_format == problem.response_format
     assert engine.requests[1][0][-1] == {
         "role": "tool",
-        "content": "12",
+        "content": str(result),
         "tool_call_id": engine.requests[1][0][-2]["tool_calls"][0]["id"],
-        "name": "add",
+        "name": name,
     }
+    assert agent_example.grade(state, problem) == (True, True, True)
 
 
 @needs_trained
 def test_the_agent_example_runs_to_a_structured_response():
     agent_example = _example("langchain_agent")
-    question = make_problems(1, seed=3)[0].question  # the example's own question
-    state = agent_example.run(agent_example.make_agent("safe"), question)
-    assert isinstance(state["structured_response"], agent_example.Answer)
+    problem = JSON_PROBLEM
+    chat = ChatEnsemble(models=model_paths(), device="cpu", max_tokens=96)
+    state = agent_example.run(agent_example.make_agent(chat, problem), problem)
+    assert set(state["structured_response"]) == set(problem.response_format["properties"])
     assert any(isinstance(m, ToolMessage) for m in state["messages"])  # it used a tool
+    assert len(agent_example.grade(state, problem)) == 3

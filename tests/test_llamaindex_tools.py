@@ -28,7 +28,7 @@ from core import Ensemble
 from core.chat import normalize_messages
 from core.errors import InvalidConfigError
 from core.methods import METHOD_NAMES
-from core.testbed import model_paths
+from core.testbed import TOOL_FUNCTIONS, make_problems, model_paths
 from llamaindex_ensemble import EnsembleLLM
 
 
@@ -286,6 +286,12 @@ def _example(name: str):
     return module
 
 
+# a held-out tool problem with plain-text answers (the example leaves JSON ones out)
+TOOL_PROBLEM = next(
+    p for p in make_problems(12, seed=3, form="tool") if p.expected_call and not p.response_format
+)
+
+
 def _shipped(method: str) -> EnsembleLLM:
     return EnsembleLLM(models=model_paths(), method=method, device="cpu", max_new_tokens=96)
 
@@ -319,22 +325,25 @@ async def test_structured_predict_returns_a_valid_instance(method):
 @pytest.mark.parametrize("method", METHODS)
 async def test_the_function_agent_example_completes_a_tool_loop(method):
     agent_example = _example("llamaindex_function_agent")
-    agent = agent_example.make_agent(_shipped(method), first_tool="add")
-    answer, calls = await agent_example.solve(agent, QUESTION, echo=False)
-    assert calls and calls[0][0] == "add"
-    assert all(
-        output == str(sum(kwargs.values())) for name, kwargs, output in calls if name == "add"
-    )
+    problem = TOOL_PROBLEM
+    agent = agent_example.make_agent(_shipped(method), problem)
+    answer, calls = await agent_example.solve(agent, problem.question, echo=False)
+    offered = {spec["function"]["name"] for spec in problem.tools}
+    for name, kwargs, output in calls:  # each call ran the offered tool on its own arguments
+        assert name in offered
+        assert output == str(TOOL_FUNCTIONS[name](**kwargs))
     assert isinstance(answer, str)
+    assert len(agent_example.grade(answer, calls, problem)) == 3
 
 
 @needs_trained
 def test_the_structured_output_example_gives_one_answer_three_ways():
     example = _example("structured_output")
-    engine = Ensemble.from_pretrained(model_paths(), method="safe", device="cpu")
+    engine = Ensemble.from_pretrained(model_paths(), device="cpu")
+    problem = next(p for p in make_problems(12, seed=3, form="tool") if p.response_format)
     results = [
-        run(engine, QUESTION)
+        run(engine, problem)
         for run in (example.with_core, example.with_langchain, example.with_llamaindex)
     ]
-    assert all(isinstance(r, example.Solution) for r in results)
+    assert set(results[0]) == set(problem.response_format["required"])
     assert results[0] == results[1] == results[2]  # the same prompt and grammar everywhere

@@ -456,3 +456,40 @@ def test_every_member_is_canonical_after_every_cycle(make_ensemble, drafter, gro
             for member in stream.members:
                 assert member.text == text and member.ids == member.canonical_ids(text)
         assert ens.generate(problem.messages, max_new_tokens=96).text == text
+
+
+def test_branch_logprobs_follow_the_request_grammar(tiny_members):
+    """A branch's row is masked as `logprobs` rows are; a branch the grammar rejects has none."""
+    from core.grammar import build_constraint
+
+    member = tiny_members[0]
+    member.start(PROMPT, constraint=build_constraint((), "none", True, {"type": "integer"}))
+    digits = member.canonical_ids("12")
+    rows = member.branch_logprobs(0, [digits[:1], member.canonical_ids("ab")[:1]])
+    allowed = torch.isfinite(rows[0])
+    assert allowed.any() and not allowed.all()
+    assert torch.isclose(rows[0].exp().sum(), torch.tensor(1.0), atol=1e-4)
+    assert torch.isneginf(rows[1]).all()  # "a" is no integer: nothing follows it
+
+
+@needs_trained
+def test_heal_reads_a_tool_tag_that_another_tokenizer_spells_in_five_tokens(shipped_members):
+    """tb-qwen2-spm writes `<tool_call>` as one token, the others as five tokens of text: the
+    default SAFE (heal on) with it drafting still writes the call, whole and closed."""
+    spm, bpe, word = shipped_members[1], shipped_members[0], shipped_members[2]
+    magic = {
+        "type": "function",
+        "function": {
+            "name": "magic_function",
+            "description": "Applies a magic function to an input.",
+            "parameters": {
+                "type": "object",
+                "properties": {"input": {"type": "integer"}},
+                "required": ["input"],
+            },
+        },
+    }
+    question = "What is the value of magic_function(3)? Use the tool."
+    out = Ensemble([spm, word, bpe]).generate(question, tools=[magic], max_new_tokens=64)
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("magic_function", {"input": 3})]
+    assert out.finish_reason == "tool_calls"

@@ -81,18 +81,19 @@ def test_complete_goes_through_the_completions_endpoint(served, bodies):
 
 async def test_function_agent_runs_its_tool_loop(served, bodies):
     agent_example = _example("llamaindex_function_agent")
-    agent = agent_example.make_agent(_llm(served, bodies), first_tool="add")
-    question = make_problems(1, seed=3)[0].question
-    handler = agent.run(user_msg=question, max_iterations=8)
+    tool_problems = make_problems(12, seed=3, form="tool")
+    problem = next(p for p in tool_problems if p.expected_call and not p.response_format)
+    agent = agent_example.make_agent(_llm(served, bodies), problem)
+    handler = agent.run(user_msg=problem.question, max_iterations=8)
     results = [e async for e in handler.stream_events() if isinstance(e, ToolCallResult)]
     answer = str(await handler).strip()
-    assert results and results[0].tool_name == "add"
     expected = [reference(served[1], body) for body in bodies.sent]
     assert [(r.tool_name, r.tool_kwargs) for r in results] == [
         call for output in expected for call in calls_of(output)
     ]
     assert answer == expected[-1].text.strip()
-    assert bodies.sent[0]["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    offered = [spec["function"]["name"] for spec in problem.tools]
+    assert [t["function"]["name"] for t in bodies.sent[0]["tools"]] == offered
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from ...vocab import EOS, ByteIndex, stop_logprob
 HEALED = "healed_positions"  # positions scored through `heal` (informational, not in the sum)
 
 _HEAL_DEPTH = 3  # tokens a healed verifier may spend spelling the partial text + candidate
+# (the last one read only as going on with the text: see Healer._started)
 _HEAL_PRUNE = 1e-2  # drop a spelling path this much less likely than what its target has
 _HEAL_BRANCHES = 16  # most paths expanded per level (one forward pass per level)
 
@@ -74,7 +75,9 @@ class Healer:
                     continue
                 if not end:
                     result[t] += weight * self._mass(path, s)
-                if depth == _HEAL_DEPTH:
+                if depth == _HEAL_DEPTH:  # out of depth, not out of agreement: its next
+                    if not end:  # token going on with s counts as spelling the rest
+                        result[t] += weight * self._started(row, s)
                     continue
                 for n, ids in self.index.prefixes(s, proper=not end):
                     for i, p in zip(ids, row[ids].exp().tolist(), strict=True):  # twins apart
@@ -83,6 +86,13 @@ class Healer:
             if not frontier:
                 break
         return result
+
+    def _started(self, row: torch.Tensor, s: bytes) -> float:
+        """P(next token spells a proper start of s): a string longer than the depth allows
+        (Qwen's one-token `<tool_call>` is five tokens of text for another tokenizer) is read
+        as far as the depth goes, not as impossible."""
+        ids = [i for _, twins in self.index.prefixes(s, proper=True) for i in twins]
+        return float(row[ids].exp().sum()) if ids else 0.0
 
     def _expand_rows(self, frontier) -> None:
         """The rows every path of the frontier needs, in one batched pass."""
