@@ -62,6 +62,8 @@ REASONS = {
     "test_structured_output_pydantic_2_v1": _NO_END.format("joke object", "setup string"),
     "test_structured_output_optional_param": _NO_END.format("joke object", "setup string"),
     "test_json_mode": _NO_END.format("joke object", "setup string"),
+    "test_agent_loop": "the shipped tiny models, trained on arithmetic tools only, answer the "
+    "weather question in text instead of calling get_weather",
     "test_unicode_tool_call_integration": "the shipped tiny models do not copy the customer's "
     "Chinese name from the prompt; they write the name string without end until max_tokens",
 }
@@ -85,11 +87,15 @@ EXPECTED_FAILURES = {  # method -> the tests its answers fail, as measured
     "safe": {
         "test_tool_calling_with_no_arguments",
         "test_structured_output_optional_param",
-        "test_json_mode",
         "test_unicode_tool_call_integration",
     },
     "specem": {"test_tool_choice", "test_unicode_tool_call_integration", *_STRUCTURED},
-    "rerank": set(),
+    "rerank": {
+        "test_tool_choice",
+        "test_agent_loop",
+        "test_unicode_tool_call_integration",
+        *_STRUCTURED,
+    },
 }
 
 

@@ -31,8 +31,8 @@ from .report import write_results
 from .setups import Setup, ensemble_for, load_members, load_task, parse_setups
 
 METHODS = ("token", "safe", "specem", "rerank")
-# Each method's best options measured on held-out problems of seeds 2 and 3 (never the
-# measured seed 1): the rows "at its best" run with these.
+# Each method's best options, measured on held-out problems of seed 2 (never the measured seed
+# 1; `bench/readme_tables.sh tuning`): the rows "at its best" run with these.
 BEST: dict[str, dict[str, Any]] = {
     "token": {"subtoken": "first"},
     "safe": {},  # its defaults are its best
