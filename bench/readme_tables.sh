@@ -3,7 +3,7 @@
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   bench/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]
+#   bench/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -169,6 +169,12 @@ tool() {  # tool use: each single model and method, with the grammar and with th
     --config "safe (paper preset)=safe:preset=paper" --out "$OUT/tool"
 }
 
+serve() {  # every method served over HTTP against the same requests in process; then the soak
+  # over HTTP (malformed, abandoned and faulted requests; every answer checked)
+  $BENCH --serve 1,8,32 --n 32 --threads 1 --max-new-tokens 32 --out "$OUT/serve/load"
+  $CLI soak --serve --requests 1000 --threads 1 --tasks 8 --out "$OUT/serve/soak"
+}
+
 case "${1:-all}" in
   headroom) headroom ;;
   tuning) tuning ;;
@@ -181,7 +187,8 @@ case "${1:-all}" in
   soak) soak ;;
   grammar) grammar ;;
   tool) tool ;;
-  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool ;;
-  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|all]" >&2
+  serve) serve ;;
+  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; serve ;;
+  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]" >&2
      exit 2 ;;
 esac
