@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected
 from ..member import Member
 from ..parallel import each
-from .base import Commit, Method, Request, check_choice
-from .specem import SCORES, normalise, win_rates
+from .base import Commit, Method, Request
+from .specem import check_score, normalise, win_rates
 
 
 @dataclass
@@ -48,13 +47,7 @@ class Rerank(Method):
 
     def __init__(self, members, score: str = "logprob") -> None:
         super().__init__(members)
-        check_choice("score", score, SCORES)
-        for member in self.members if score == "logit" else ():
-            if not member.gives_logits:
-                raise InvalidConfigError(
-                    f"score='logit' needs raw logits, which member {member.name!r} (served "
-                    "over HTTP) cannot give; use score='logprob' or 'prob'."
-                )
+        check_score(score, self.members)
         self.scoring = score
 
     def run(self, request: Request) -> Iterator[Commit]:

@@ -55,6 +55,19 @@ from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
 
 SCORES = ("logprob", "prob", "logit")
+
+
+def check_score(score: str, members: Sequence[Member]) -> None:
+    """A candidate score these members can give: "logit" needs every member's raw logits."""
+    check_choice("score", score, SCORES)
+    for member in members if score == "logit" else ():
+        if not member.gives_logits:
+            raise InvalidConfigError(
+                f"score='logit' needs raw logits, which member {member.name!r} (served "
+                "over HTTP) cannot give; use score='logprob' or 'prob'."
+            )
+
+
 # Drafting as the authors' code does it (temperature 0.6, top-p 0.9: `Speculative_generate`).
 PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9, "schedule": "rounds"}}
 SCHEDULES = ("updates", "rounds")  # what t counts in eta_t = lr * sqrt(1/K) / t
@@ -206,13 +219,7 @@ class SpecEM(Method):
         chosen = _preset_options(preset, draft_temperature, draft_top_p, schedule)
         draft_temperature, draft_top_p, schedule = chosen
         segment_tokens = check_int("segment_tokens", segment_tokens, low=1, example=10)
-        check_choice("score", score, SCORES)
-        for member in self.members if score == "logit" else ():
-            if not member.gives_logits:
-                raise InvalidConfigError(
-                    f"score='logit' needs raw logits, which member {member.name!r} (served "
-                    "over HTTP) cannot give; use score='logprob' or 'prob'."
-                )
+        check_score(score, self.members)
         self.drafters = _drafters(self.members, drafters)
         self.segment_tokens = segment_tokens
         self.scoring = score
