@@ -4,8 +4,11 @@ about a second to build) and the shipped trained models (behaviour tests)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +100,15 @@ class LoopProbe:
     @property
     def proven(self) -> bool:
         return bool(self.ran) and all(self.ran)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str):
+    """An example script as a module (what the tests of the examples run)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pydantic resolves the example's annotations through it
+    spec.loader.exec_module(module)
+    return module

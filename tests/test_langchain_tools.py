@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from conftest import needs_trained
+from conftest import load_example, needs_trained
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import OutputParserException
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -32,8 +30,6 @@ from core.testbed import make_problems, model_paths
 from langchain_ensemble import ChatEnsemble
 from langchain_ensemble.messages import to_core_messages
 from langchain_ensemble.tools import tool_specs
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 # ---- tools of every kind LangChain accepts ---------------------------------------------------
@@ -478,14 +474,6 @@ def test_structured_output_is_valid_for_every_method(method):
     Count.model_validate(as_dict)
 
 
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pydantic resolves the example's annotations through it
-    spec.loader.exec_module(module)
-    return module
-
-
 # a held-out tool problem that asks for a JSON answer (calculator, then {"count": ...})
 JSON_PROBLEM = next(p for p in make_problems(12, seed=3, form="tool") if p.response_format)
 
@@ -493,7 +481,7 @@ JSON_PROBLEM = next(p for p in make_problems(12, seed=3, form="tool") if p.respo
 def test_create_agent_sends_tools_with_the_response_format(scripted):
     """create_agent picks its ProviderStrategy (the profile says structured output works): the
     response_format reaches the engine together with the problem's tools, every turn."""
-    agent_example = _example("langchain_agent")
+    agent_example = load_example("langchain_agent")
     problem = JSON_PROBLEM
     name, arguments = problem.expected_call
     key = next(iter(problem.response_format["properties"]))
@@ -522,7 +510,7 @@ def test_create_agent_sends_tools_with_the_response_format(scripted):
 
 @needs_trained
 def test_the_agent_example_runs_to_a_structured_response():
-    agent_example = _example("langchain_agent")
+    agent_example = load_example("langchain_agent")
     problem = JSON_PROBLEM
     chat = ChatEnsemble(models=model_paths(), device="cpu", max_tokens=96)
     state = agent_example.run(agent_example.make_agent(chat, problem), problem)

@@ -6,11 +6,9 @@ with the calculator tool, the event loop kept free during `astream_chat`, usage 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
 
 import pytest
-from conftest import LoopProbe, needs_trained
+from conftest import LoopProbe, load_example, needs_trained
 from llama_index.core import Settings
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
@@ -23,20 +21,12 @@ from llamaindex_ensemble import EVENT_CLASSES, EnsembleEvent, EnsembleLLM
 
 pytestmark = needs_trained
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RAG = make_problems(3, form="rag")  # 2: answered right by every method
 COT = make_problems(2, form="cot")
 REACT = make_problems(2, form="react")
 # Each method with options that answer on the testbed: UniTE's published sub-token rule
 # collapses there (docs/departures.md), so `token` reads the first sub-token.
 OPTIONS = {"token": {"subtoken": "first"}}
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _available() -> list[str]:
@@ -52,7 +42,7 @@ def _available() -> list[str]:
 
 @pytest.fixture(scope="module")
 def rag_example():
-    return _example("llamaindex_rag")
+    return load_example("llamaindex_rag")
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +101,7 @@ def _core_type(name: str):
 
 
 async def test_react_agent_calls_the_calculator_and_finishes(make_ensemble, recorder):
-    example = _example("llamaindex_agent")
+    example = load_example("llamaindex_agent")
     problem = REACT[0]
     llm = EnsembleLLM(ensemble=make_ensemble("token", **OPTIONS["token"]), max_new_tokens=80)
     answer, calls = await example.solve(example.make_agent(llm), problem.question, echo=False)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
-from conftest import needs_trained
+from conftest import load_example, needs_trained
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
 from llama_index.core.llms.llm import ToolSelection
@@ -261,7 +259,6 @@ async def test_function_agent_completes_a_tool_loop(scripted):
 # ---- the real engine, on the shipped models --------------------------------------------------
 METHODS = [m for m in METHOD_NAMES if importlib.util.find_spec(f"core.methods.{m}")]
 QUESTION = "Tom has 7 apples. He buys 5 more. How many apples does Tom have now?"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 class Pair(BaseModel):
@@ -276,14 +273,6 @@ class Fruit(BaseModel):
 
 
 BOUNDED = [FunctionTool.from_defaults(fn=fn, fn_schema=Pair) for fn in (add, multiply)]
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pydantic resolves the example's annotations through it
-    spec.loader.exec_module(module)
-    return module
 
 
 # a held-out tool problem with plain-text answers (the example leaves JSON ones out)
@@ -324,7 +313,7 @@ async def test_structured_predict_returns_a_valid_instance(method):
 @needs_trained
 @pytest.mark.parametrize("method", METHODS)
 async def test_the_function_agent_example_completes_a_tool_loop(method):
-    agent_example = _example("llamaindex_function_agent")
+    agent_example = load_example("llamaindex_function_agent")
     problem = TOOL_PROBLEM
     agent = agent_example.make_agent(_shipped(method), problem)
     answer, calls = await agent_example.solve(agent, problem.question, echo=False)
@@ -338,7 +327,7 @@ async def test_the_function_agent_example_completes_a_tool_loop(method):
 
 @needs_trained
 def test_the_structured_output_example_gives_one_answer_three_ways():
-    example = _example("structured_output")
+    example = load_example("structured_output")
     engine = Ensemble.from_pretrained(model_paths(), device="cpu")
     problem = next(p for p in make_problems(12, seed=3, form="tool") if p.response_format)
     results = [

@@ -5,11 +5,8 @@ in-process ensemble's for the request LlamaIndex sent (read from the wire)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_example
 from llama_index.core.agent.workflow import ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
@@ -18,17 +15,8 @@ from serve_helpers import Bodies, calls_of, reference, running_server
 from core import Ensemble
 from core.testbed import make_problems
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PROBLEMS = make_problems(2, seed=31)
 RAG = make_problems(3, form="rag")
-
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # pydantic resolves the example's annotations through it
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +68,7 @@ def test_complete_goes_through_the_completions_endpoint(served, bodies):
 
 
 async def test_function_agent_runs_its_tool_loop(served, bodies):
-    agent_example = _example("llamaindex_function_agent")
+    agent_example = load_example("llamaindex_function_agent")
     tool_problems = make_problems(12, seed=3, form="tool")
     problem = next(p for p in tool_problems if p.expected_call and not p.response_format)
     agent = agent_example.make_agent(_llm(served, bodies), problem)
@@ -98,7 +86,7 @@ async def test_function_agent_runs_its_tool_loop(served, bodies):
 
 @pytest.fixture(scope="module")
 def rag_example():
-    return _example("llamaindex_rag")
+    return load_example("llamaindex_rag")
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["query", "streaming"])
