@@ -112,3 +112,22 @@ def load_example(name: str):
     sys.modules[name] = module  # pydantic resolves the example's annotations through it
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def served(shipped_members):
+    """`llm-ensembling serve` over SAFE on the shipped members, in a thread of this process:
+    (base URL, app, the ensemble it serves)."""
+    from serve_helpers import running_server
+
+    ensemble = Ensemble(list(shipped_members), "safe")
+    with running_server(lambda: ensemble) as (url, app):
+        yield url, app, ensemble
+
+
+@pytest.fixture
+def bodies():
+    """The request bodies an HTTP client sends, recorded (`serve_helpers.Bodies`)."""
+    from serve_helpers import Bodies
+
+    return Bodies()

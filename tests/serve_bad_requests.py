@@ -24,6 +24,7 @@ import httpx
 from serve_helpers import running_server
 
 from core.serve.settings import Limits
+from core.testbed import TOOL_SPECS
 
 KEY = "sk-test"
 LIMITS = {
@@ -37,18 +38,7 @@ LIMITS = {
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 USER = {"role": "user", "content": "Tom has 7 apples and buys 5 more. How many does he have?"}
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+ADD = TOOL_SPECS["add"]
 _DROP = object()
 
 

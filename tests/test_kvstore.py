@@ -63,32 +63,31 @@ def _texts(ens: Ensemble, concurrent: int) -> list[str]:
         return [o.text for o in pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS)]
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["gpt2-bpe", "qwen2-spm", "llama-word"])
-def test_rows_of_different_lengths_in_one_pass_write_what_they_write_alone(shipped_members, index):
-    member = shipped_members[index]
-    ens = Ensemble([member], "single", prefix_reuse=False)
+def _together_as_alone(ens: Ensemble, model) -> RowLengths:
+    """Every problem at once gives the texts each gives alone; the lengths `model`'s batched
+    passes held, for the caller to check."""
     alone = _texts(ens, 1)
-    lengths = RowLengths(member.model)
+    lengths = RowLengths(model)
     try:
         together = _texts(ens, len(PROBLEMS))
     finally:
         lengths.remove()
     assert together == alone
-    assert lengths.mixed()
+    return lengths
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["gpt2-bpe", "qwen2-spm", "llama-word"])
+def test_rows_of_different_lengths_in_one_pass_write_what_they_write_alone(shipped_members, index):
+    member = shipped_members[index]
+    ens = Ensemble([member], "single", prefix_reuse=False)
+    assert _together_as_alone(ens, member.model).mixed()
     assert member.store.held == 0
 
 
 @pytest.mark.parametrize("method", METHODS[1:])
 def test_every_method_shares_passes_across_lengths(shipped_members, method):
     ens = Ensemble(list(shipped_members), method, prefix_reuse=False)
-    alone = _texts(ens, 1)
-    lengths = RowLengths(shipped_members[0].model)
-    try:
-        together = _texts(ens, len(PROBLEMS))
-    finally:
-        lengths.remove()
-    assert together == alone
-    assert lengths.mixed()
+    assert _together_as_alone(ens, shipped_members[0].model).mixed()
     assert all(m.store.held == 0 for m in shipped_members)
 
 

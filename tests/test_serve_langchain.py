@@ -7,32 +7,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import pytest
 from langchain.agents import create_agent
 from langchain.agents.structured_output import ProviderStrategy
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
-from serve_helpers import Bodies, calls_of, reference, running_server
+from serve_helpers import calls_of, reference
 
-from core import Ensemble
 from core.testbed import make_problems
 
 PROBLEMS = make_problems(3, seed=21)
 Small = Annotated[int, Field(ge=0, le=999)]
-
-
-@pytest.fixture(scope="module")
-def served(shipped_members):
-    ensemble = Ensemble(list(shipped_members), "safe")
-    with running_server(lambda: ensemble) as (url, _):
-        yield url, ensemble
-
-
-@pytest.fixture
-def bodies() -> Bodies:
-    return Bodies()
 
 
 def _chat(served, bodies, **fields) -> ChatOpenAI:
@@ -52,7 +38,7 @@ def _calls(message: AIMessage) -> list[tuple[str, dict]]:
 
 def test_invoke_equals_in_process(served, bodies):
     message = _chat(served, bodies).invoke(PROBLEMS[0].messages)
-    expected = reference(served[1], bodies.last)
+    expected = reference(served[2], bodies.last)
     assert message.content == expected.text
     assert message.response_metadata["finish_reason"] == expected.finish_reason
     assert message.usage_metadata["output_tokens"] == expected.stats.tokens
@@ -61,7 +47,7 @@ def test_invoke_equals_in_process(served, bodies):
 
 def test_stream_with_usage(served, bodies):
     chunks = list(_chat(served, bodies, stream_usage=True).stream(PROBLEMS[1].messages))
-    expected = reference(served[1], bodies.last)
+    expected = reference(served[2], bodies.last)
     whole = sum(chunks[1:], chunks[0])
     assert len(chunks) > 2 and whole.content == expected.text
     assert whole.usage_metadata["output_tokens"] == expected.stats.tokens
@@ -84,7 +70,7 @@ class weather(BaseModel):  # noqa: N801
 async def test_bind_tools_invoke_and_async_stream(served, bodies):
     bound = _chat(served, bodies).bind_tools([add_numbers, weather], tool_choice="any")
     message = bound.invoke(PROBLEMS[2].messages)
-    expected = reference(served[1], bodies.last)
+    expected = reference(served[2], bodies.last)
     assert expected.tool_calls and _calls(message) == calls_of(expected)
     assert message.response_metadata["finish_reason"] == "tool_calls"
     chunks = [c async for c in bound.astream(PROBLEMS[2].messages)]
@@ -103,7 +89,7 @@ class Count(BaseModel):
 def test_with_structured_output_default_json_schema(served, bodies):
     result = _chat(served, bodies).with_structured_output(Count).invoke(PROBLEMS[0].messages)
     assert bodies.last["response_format"]["type"] == "json_schema"
-    expected = reference(served[1], bodies.last)
+    expected = reference(served[2], bodies.last)
     assert result == Count.model_validate_json(expected.text)
 
 
@@ -141,5 +127,5 @@ def test_create_agent_with_tools_and_a_response_format(served, bodies):
     for reply, body in zip(replies, bodies.sent, strict=True):
         assert [t["function"]["name"] for t in body["tools"]] == ["add", "subtract"]
         assert body["response_format"]["type"] == "json_schema"
-        expected = reference(served[1], body)
+        expected = reference(served[2], body)
         assert reply.content == expected.text and _calls(reply) == calls_of(expected)

@@ -10,25 +10,12 @@ from conftest import load_example
 from llama_index.core.agent.workflow import ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.llms.openai_like import OpenAILike
-from serve_helpers import Bodies, calls_of, reference, running_server
+from serve_helpers import calls_of, reference
 
-from core import Ensemble
 from core.testbed import make_problems
 
 PROBLEMS = make_problems(2, seed=31)
 RAG = make_problems(3, form="rag")
-
-
-@pytest.fixture(scope="module")
-def served(shipped_members):
-    ensemble = Ensemble(list(shipped_members), "safe")
-    with running_server(lambda: ensemble) as (url, _):
-        yield url, ensemble
-
-
-@pytest.fixture
-def bodies() -> Bodies:
-    return Bodies()
 
 
 def _llm(served, bodies, chat: bool = True, **fields) -> OpenAILike:
@@ -52,9 +39,9 @@ def _messages(problem) -> list[ChatMessage]:
 def test_chat_and_stream_chat(served, bodies):
     llm = _llm(served, bodies)
     response = llm.chat(_messages(PROBLEMS[0]))
-    assert response.message.content == reference(served[1], bodies.last).text
+    assert response.message.content == reference(served[2], bodies.last).text
     pieces = list(llm.stream_chat(_messages(PROBLEMS[1])))
-    assert pieces[-1].message.content == reference(served[1], bodies.last).text
+    assert pieces[-1].message.content == reference(served[2], bodies.last).text
     assert "".join(p.delta or "" for p in pieces) == pieces[-1].message.content
 
 
@@ -62,7 +49,7 @@ def test_complete_goes_through_the_completions_endpoint(served, bodies):
     llm = _llm(served, bodies, chat=False)
     response = llm.complete(PROBLEMS[0].question)
     assert "prompt" in bodies.last
-    assert response.text == reference(served[1], bodies.last).text
+    assert response.text == reference(served[2], bodies.last).text
     streamed = list(llm.stream_complete(PROBLEMS[0].question))
     assert streamed[-1].text == response.text
 
@@ -75,7 +62,7 @@ async def test_function_agent_runs_its_tool_loop(served, bodies):
     handler = agent.run(user_msg=problem.question, max_iterations=8)
     results = [e async for e in handler.stream_events() if isinstance(e, ToolCallResult)]
     answer = str(await handler).strip()
-    expected = [reference(served[1], body) for body in bodies.sent]
+    expected = [reference(served[2], body) for body in bodies.sent]
     assert [(r.tool_name, r.tool_kwargs) for r in results] == [
         call for output in expected for call in calls_of(output)
     ]
@@ -97,4 +84,4 @@ def test_a_query_engine_over_a_vector_index(served, bodies, rag_example, streami
     response = engine.query(problem.question)
     text = "".join(response.response_gen) if streaming else str(response)
     assert problem.relevant_passage in [n.node.get_content() for n in response.source_nodes]
-    assert text == reference(served[1], bodies.last).text
+    assert text == reference(served[2], bodies.last).text

@@ -14,25 +14,12 @@ import httpx
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from serve_helpers import Bodies, calls_of, reference, running_server
+from serve_helpers import calls_of, reference
 
-from core import Ensemble
 from core.testbed import TOOL_SPECS, make_problems
 
 PROBLEMS = make_problems(4, seed=11)
 TOOL_PROBLEMS = make_problems(2, seed=5, form="tool")
-
-
-@pytest.fixture(scope="module")
-def served(shipped_members):
-    ensemble = Ensemble(list(shipped_members), "safe")
-    with running_server(lambda: ensemble) as (url, app):
-        yield url, app, ensemble
-
-
-@pytest.fixture
-def bodies() -> Bodies:
-    return Bodies()
 
 
 @pytest.fixture

@@ -54,43 +54,37 @@ def _members_and_setups(args: argparse.Namespace):
     return members, method_setups(methods, len(members), args.config, names)
 
 
-def _bench_concurrency(args: argparse.Namespace) -> None:
-    from . import concurrency
+def _run_on_task(args: argparse.Namespace, run, **extra) -> None:
+    """One bench mode over the task's prompts and the members and setups the flags give (the
+    arguments every such mode takes), then the results shown."""
     from .setups import load_task
 
-    levels = concurrency.parse_levels(args.concurrency)
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
-    concurrency.run(
+    run(
         members=members,
         setups=setups,
         items=[messages for messages, _ in task.items],
         task=task.name,
-        levels=levels,
         max_new_tokens=args.max_new_tokens,
-        prompt_tokens=args.prompt_tokens,
         out=args.out,
         command=_command(args),
+        **extra,
     )
     _show(args)
+
+
+def _bench_concurrency(args: argparse.Namespace) -> None:
+    from . import concurrency
+
+    levels = concurrency.parse_levels(args.concurrency)
+    _run_on_task(args, concurrency.run, levels=levels, prompt_tokens=args.prompt_tokens)
 
 
 def _bench_grammar(args: argparse.Namespace) -> None:
     from . import grammar
-    from .setups import load_task
 
-    task = load_task(args.task, args.n, args.seed, args.form)
-    members, setups = _members_and_setups(args)
-    grammar.run(
-        members=members,
-        setups=setups,
-        items=[messages for messages, _ in task.items],
-        task=task.name,
-        max_new_tokens=args.max_new_tokens,
-        out=args.out,
-        command=_command(args),
-    )
-    _show(args)
+    _run_on_task(args, grammar.run)
 
 
 def _bench_tools(args: argparse.Namespace) -> None:
@@ -118,24 +112,11 @@ def _bench_tools(args: argparse.Namespace) -> None:
 def _bench_serve(args: argparse.Namespace) -> None:
     from . import serve
     from .concurrency import parse_levels
-    from .setups import load_task, shipped_model_paths
+    from .setups import shipped_model_paths
 
     levels = parse_levels(args.serve)
-    task = load_task(args.task, args.n, args.seed, args.form)
-    members, setups = _members_and_setups(args)
-    serve.run_load(
-        members=members,
-        models=args.model or shipped_model_paths(),
-        setups=setups,
-        items=[messages for messages, _ in task.items],
-        task=task.name,
-        levels=levels,
-        max_new_tokens=args.max_new_tokens,
-        threads=args.threads,
-        out=args.out,
-        command=_command(args),
-    )
-    _show(args)
+    models = args.model or shipped_model_paths()
+    _run_on_task(args, serve.run_load, models=models, levels=levels, threads=args.threads)
 
 
 def _bench_headroom(args: argparse.Namespace) -> None:

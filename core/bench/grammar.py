@@ -22,23 +22,13 @@ import torch
 from ..config import GenerationConfig
 from ..ensemble import Ensemble
 from ..member import Member
+from ..testbed import TOOL_SPECS
 from .concurrency import ForwardClock
 from .report import write_results
 from .setups import Setup, ensemble_for
 
 GOAL = 1.15  # time per output token with the grammar, times without
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+TOOL = TOOL_SPECS["add"]
 VARIANTS = ("plain", "grammar")
 
 
