@@ -28,10 +28,15 @@ def arithmetic_mean(probs: torch.Tensor, weights: Sequence[float] | None = None)
 
 
 def geometric_mean(probs: torch.Tensor, weights: Sequence[float] | None = None) -> torch.Tensor:
-    """Weighted geometric mean, renormalised over the candidates."""
+    """Weighted geometric mean, renormalised over the candidates. A candidate one member finds
+    impossible is penalised, not ruled out; one that every member finds impossible (a grammar
+    forbids it) keeps zero, and where no candidate is possible the result is all zeros."""
     w = normalised_weights(probs.shape[0], weights)
     log_mean = w @ torch.log(probs.clamp_min(1e-30))
-    return torch.softmax(log_mean, dim=0)
+    possible = (probs > 0).any(dim=0)
+    if not bool(possible.any()):
+        return torch.zeros_like(log_mean)
+    return torch.softmax(log_mean.masked_fill(~possible, float("-inf")), dim=0)
 
 
 def combine(
