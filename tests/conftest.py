@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 # Tiny models gain nothing from intra-op threads, and lose a lot when the cores are busy.
 torch.set_num_threads(1)
+
+# Property tests draw new examples on every run (they find bugs that way); a gate that must give
+# the same verdict on the same tree (HYPOTHESIS_PROFILE=ci, as .ci/run sets) draws a fixed set.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
