@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 # split into words, so it can carry pip options: TORCH="torch==2.13.0 --index-url URL".
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The suite runs on every core (at most 4 workers: each loads its own models), one test file per
+# worker so module fixtures load once; PYTEST_WORKERS= runs it in one process.
+PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: setup demo test lint bench clean
 
@@ -23,7 +26,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/llm-ensembling demo
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
