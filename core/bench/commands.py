@@ -194,30 +194,9 @@ def bench(args: argparse.Namespace) -> None:
     _show(args)
 
 
-def _soak_serve(args: argparse.Namespace, members, setups, problems) -> dict:
-    from . import serve
-    from .setups import shipped_model_paths
-
-    return serve.run_soak(
-        members=members,
-        models=args.model or shipped_model_paths(),
-        setups=setups,
-        problems=problems,
-        requests=args.requests,
-        clients=args.tasks,
-        window=args.window,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        out=args.out,
-        command=_command(args),
-    )
-
-
 def soak(args: argparse.Namespace) -> None:
     from . import soak as soak_run
-    from .setups import load_members, load_task, method_setups
+    from .setups import load_members, load_task, method_setups, shipped_model_paths
 
     for name in ("requests", "workers", "tasks", "window", "problems"):
         if getattr(args, name) < 1:
@@ -228,12 +207,25 @@ def soak(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     task = load_task("arithmetic", args.problems, args.seed)
     members = load_members(args.model, args.device, args.dtype)
-    names = [m.name for m in members]
     methods = [m for m in args.methods.split(",") if m]
+    run = {  # what the soak in process and the soak over HTTP share
+        "members": members,
+        "setups": method_setups(methods, len(members), args.config, [m.name for m in members]),
+        "problems": [messages for messages, _ in task.items],
+        "requests": args.requests,
+        "window": args.window,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "device": args.device,
+        "dtype": args.dtype,
+        "out": args.out,
+        "command": _command(args),
+    }
     if args.serve:
-        setups = method_setups(methods, len(members), args.config, names)
-        problems = [messages for messages, _ in task.items]
-        result = _soak_serve(args, members, setups, problems)
+        from . import serve
+
+        models = args.model or shipped_model_paths()
+        result = serve.run_soak(models=models, clients=args.tasks, **run)
         _show(args)
         if result["mismatches"] or result["held_slots"] or result["server_errors"]:
             raise EnsembleError(
@@ -241,22 +233,7 @@ def soak(args: argparse.Namespace) -> None:
                 f"5xx and {result['held_slots']} slots held; see {args.out}/results.md."
             )
         return
-    result = soak_run.run(
-        members=members,
-        models=args.model,
-        setups=method_setups(methods, len(members), args.config, names),
-        problems=[messages for messages, _ in task.items],
-        requests=args.requests,
-        threads=args.workers,
-        tasks=args.tasks,
-        window=args.window,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        device=args.device,
-        dtype=args.dtype,
-        out=args.out,
-        command=_command(args),
-    )
+    result = soak_run.run(models=args.model, threads=args.workers, tasks=args.tasks, **run)
     _show(args)
     if result["mismatches"] or result["held_slots"] or result["held_rows"]:
         raise EnsembleError(
