@@ -108,6 +108,26 @@ class LoopProbe:
         return bool(self.ran) and all(self.ran)
 
 
+async def cancel_midway(ens: Ensemble, messages: list[dict]) -> bool:
+    """Cancels a task that streams `messages` once its first delta has come; True when the
+    request's slot is free again (the worker thread notices at its next forward pass; the
+    timeout only keeps a broken build from hanging)."""
+    from core import GenerationConfig
+
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in ens.astream(messages, GenerationConfig(max_new_tokens=200)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return await asyncio.to_thread(ens.admission.wait_until, lambda: ens.admission.running == 0, 60)
+
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

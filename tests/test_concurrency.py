@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import needs_trained
+from conftest import cancel_midway, needs_trained
 
 from core import Ensemble, GenerationConfig, HFMember
 from core.errors import EnsembleBusyError
@@ -182,24 +182,7 @@ def test_a_stream_dropped_in_a_reference_cycle_frees_its_slot(shipped_members):
 @needs_trained
 async def test_a_cancelled_task_frees_its_slot(shipped_members):
     ens = Ensemble(list(shipped_members), "specem", max_concurrency=1, max_queue=0)
-    started = asyncio.Event()
-
-    async def consume():
-        async for _ in ens.astream(PROBLEMS[0].messages, GenerationConfig(max_new_tokens=200)):
-            started.set()
-
-    task = asyncio.create_task(consume())
-    await started.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-    def free() -> bool:
-        return ens.admission.running == 0
-
-    # the worker thread notices at its next forward pass (the timeout only keeps a broken
-    # build from hanging)
-    assert await asyncio.to_thread(ens.admission.wait_until, free, 60)
+    assert await cancel_midway(ens, PROBLEMS[0].messages)
     outs = [await ens.agenerate(p.messages, CONFIG) for p in PROBLEMS]
     assert all(o.text for o in outs)
 

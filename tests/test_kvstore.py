@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import needs_trained
+from conftest import cancel_midway, needs_trained
 
 import core.kv
 from core import Ensemble, GenerationConfig, HFMember
@@ -235,24 +235,7 @@ def test_rows_go_back_on_finish_failure_cancel_and_drop(shipped_members):
         gate.remove()
     assert _held(ens) == idle  # failed
 
-    async def cancel_midway():
-        started = asyncio.Event()
-
-        async def consume():
-            async for _ in ens.astream(messages, GenerationConfig(max_new_tokens=200)):
-                started.set()
-
-        task = asyncio.create_task(consume())
-        await started.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(200):  # the worker thread stops at its next forward pass
-            if ens.admission.running == 0:
-                break
-            await asyncio.sleep(0.01)
-
-    asyncio.run(cancel_midway())
+    asyncio.run(cancel_midway(ens, messages))
     assert _held(ens) == idle  # cancelled
     assert ens.generate(messages, CONFIG).text == Ensemble(list(shipped_members), "specem")\
         .generate(messages, CONFIG).text  # fmt: skip

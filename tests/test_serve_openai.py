@@ -123,13 +123,14 @@ async def test_async_client_concurrent_requests_equal_their_references(served, b
 def test_forced_tool_calls_and_their_stream(served, client, bodies):
     _, _, ensemble = served
     problem = TOOL_PROBLEMS[0]
-    answer = client.chat.completions.create(
-        model="ensemble",
-        messages=problem.messages,
-        tools=problem.tools,
-        tool_choice="required",
-        max_tokens=64,
-    )
+    request = {
+        "model": "ensemble",
+        "messages": problem.messages,
+        "tools": problem.tools,
+        "tool_choice": "required",
+        "max_tokens": 64,
+    }
+    answer = client.chat.completions.create(**request)
     expected = reference(ensemble, bodies.last)
     assert expected.tool_calls and answer.choices[0].finish_reason == "tool_calls"
     calls = answer.choices[0].message.tool_calls
@@ -138,14 +139,7 @@ def test_forced_tool_calls_and_their_stream(served, client, bodies):
     )
     assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
 
-    stream = client.chat.completions.create(
-        model="ensemble",
-        messages=problem.messages,
-        tools=problem.tools,
-        tool_choice="required",
-        max_tokens=64,
-        stream=True,
-    )
+    stream = client.chat.completions.create(**request, stream=True)
     deltas = [d for c in stream if c.choices for d in (c.choices[0].delta.tool_calls or [])]
     assert [d.index for d in deltas] == list(range(len(deltas)))
     assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls_of(
