@@ -3,7 +3,7 @@
 httpx's timeouts bound each network operation (connecting, one read, one write), so a server
 that sends a byte every few seconds never times out, and an answer is as large as the server
 makes it. Requests here run on one background event loop, shared by every served member, under
-`asyncio.timeout`: the deadline bounds connecting, sending and every read together, and the
+`asyncio.wait_for`: the deadline bounds connecting, sending and every read together, and the
 request is cancelled cleanly when it passes. The answer is read in chunks and given up on as
 soon as it outgrows its cap (a declared Content-Length over the cap fails before any reading).
 """
@@ -116,17 +116,27 @@ class Client:
     async def _send(
         self, method: str, url: str, json: Any, timeout: float, limit: int
     ) -> tuple[int, bytes]:
-        async with asyncio.timeout(timeout):
-            async with self._client.stream(method, url, json=json) as response:
-                declared = response.headers.get("content-length", "")
-                if declared.isdigit() and int(declared) > limit:
-                    raise AnswerTooLarge(f"an answer of {int(declared):,} bytes (cap {limit:,})")
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        raise AnswerTooLarge(f"an answer over {limit:,} bytes (the cap)")
-                return response.status_code, bytes(body)
+        try:
+            return await asyncio.wait_for(self._exchange(method, url, json, limit), timeout)
+        except asyncio.TimeoutError:  # (the builtin TimeoutError itself from Python 3.11 on)
+            raise TimeoutError(f"no whole answer within {timeout:g} s") from None
+        except ssl.SSLError as error:
+            # A server that refuses the TLS session (no client certificate, say) is seen during
+            # the handshake (httpx's ConnectError) or, with TLS 1.3, at the first read, where
+            # httpx lets the raw error through: the same refusal gets the same error either way.
+            raise httpx.ConnectError(f"TLS: {error}") from error
+
+    async def _exchange(self, method: str, url: str, json: Any, limit: int) -> tuple[int, bytes]:
+        async with self._client.stream(method, url, json=json) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise AnswerTooLarge(f"an answer of {int(declared):,} bytes (cap {limit:,})")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > limit:
+                    raise AnswerTooLarge(f"an answer over {limit:,} bytes (the cap)")
+            return response.status_code, bytes(body)
 
     def close(self) -> None:
         if not self._loop.is_closed() and self._loop.is_running():
