@@ -62,6 +62,13 @@ def remotes(servers):
 
 def test_member_operations_match_in_process(servers, remotes, shipped_members):
     fake, remote, local = servers[1], remotes[1], shipped_members[1]
+    try:
+        _operations_match(fake, remote, local)
+    finally:
+        local.release()  # the shared member's key/value row goes back to its store
+
+
+def _operations_match(fake, remote, local) -> None:
     assert remote.full_vocab and remote.vocab.size == local.vocab.size
     assert remote.stop_ids == local.stop_ids and remote.name == local.name
     for member in (remote, local):
