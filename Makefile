@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/llm-ensembling bench --n 20 --out bench-out
+	HF_HUB_OFFLINE=1 $(BIN)/python -m lab bench --n 20 --out bench-out
 
 clean:
 	rm -rf $(VENV) bench-out

@@ -1,6 +1,6 @@
-"""`llm-ensembling demo | generate | bench | soak | serve`: argument parsing, then one call into
-the engine (demo, generate), the benchmarks (`core.bench.commands`) or the server
-(`core.serve.command`)."""
+"""`llm-ensembling demo | generate | serve`: argument parsing, then one call into the engine
+(demo, generate) or the server (`core.serve.command`). The benchmarks are the lab's
+(`python -m lab bench | soak`, from a source checkout)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .bench.commands import add_commands
 from .cli_options import parse_options
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
@@ -98,20 +97,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", action="store_true", help="print ensemble events to stderr")
     p.set_defaults(func=generate)
 
-    add_commands(sub)
     add_serve_command(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` and call the chosen command; a project error is one line and exit status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parser.parse_args(argv)
     args.argv = argv
     try:
         return int(args.func(args) or 0)
     except EnsembleError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

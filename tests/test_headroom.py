@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from core.cli import main
 from core.testbed import WEAK_MODEL, model_paths
+from lab.cli import main
 
 pytestmark = pytest.mark.skipif(
     not all((p / "model.safetensors").is_file() for p in model_paths(weak=True)),
-    reason="testbed not built: run python -m core.testbed.build",
+    reason="testbed not built: run python -m lab.testbed.build",
 )
 
 
@@ -24,7 +24,7 @@ def test_headroom_rows_ceiling_gap_ratios_and_weights(tmp_path):
     assert main(args) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["warmup"] == {"problems": 2, "seed": 2} and data["seed"] == 1
-    assert data["command"].startswith("llm-ensembling bench --headroom") and data["date"]
+    assert data["command"].startswith("python -m lab bench --headroom") and data["date"]
     rows = {row["label"]: row for row in data["rows"]}
     names = [p.name for p in model_paths(weak=True)]
     assert names[-1] == WEAK_MODEL

@@ -1,6 +1,7 @@
-"""What the package declares matches what it does: every third-party module its code imports is
-a declared dependency (core or an extra), the licence file is the one pyproject names, and no
-module imports a POSIX-only module (the package installs on Windows too)."""
+"""What the package declares matches what it does: every third-party module its code (and the
+lab's) imports is a declared dependency (core or an extra), the wheel ships the engine and the
+adapters but not the lab, the licence file is the one pyproject names, and no module imports a
+POSIX-only module (the package installs on Windows too)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard libr
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "langchain_ensemble", "llamaindex_ensemble")
+LAB = "lab"
 POSIX_ONLY = {"resource", "fcntl", "termios", "pwd", "grp", "posix", "tty", "pty"}
 
 
@@ -34,8 +36,8 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def _package_files() -> list[Path]:
-    return [f for package in PACKAGES for f in (ROOT / package).rglob("*.py")]
+def _package_files(*extra: str) -> list[Path]:
+    return [f for package in (*PACKAGES, *extra) for f in (ROOT / package).rglob("*.py")]
 
 
 def _canonical(name: str) -> str:
@@ -50,13 +52,22 @@ def test_every_imported_third_party_module_is_declared():
         + [r for extra in project["optional-dependencies"].values() for r in extra]
     }
     providers = packages_distributions()
+    # the suite's own modules: lab.scripts.serve_error_table reuses its request rows
+    ours = {*PACKAGES, LAB, *(p.stem for p in (ROOT / "tests").glob("*.py"))}
     missing = {}
-    for path in _package_files():
-        for module in _imports(path) - set(sys.stdlib_module_names) - set(PACKAGES):
+    for path in _package_files(LAB):
+        for module in _imports(path) - set(sys.stdlib_module_names) - ours:
             owners = {_canonical(d) for d in providers.get(module, [module])}
             if not owners & declared:
                 missing.setdefault(module, []).append(str(path.relative_to(ROOT)))
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_the_wheel_ships_the_engine_and_adapters_not_the_lab():
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    assert wheel["targets"]["wheel"]["packages"] == list(PACKAGES)
+    assert (ROOT / LAB / "__init__.py").is_file() and LAB not in PACKAGES
+    assert any((ROOT / "core" / "testbed" / "models").rglob("model.safetensors"))
 
 
 def test_no_module_imports_a_posix_only_module():

@@ -1,6 +1,6 @@
 """The alignment code on REAL vocabularies (GPT-2, Llama-3, Llama-2 SentencePiece with its dummy
-prefix, Phi-3, Qwen2), fetched by scripts/fetch_real_vocabs.py. Optional: skipped, with the
-reason, when the vocabularies are not on this machine."""
+prefix, Phi-3, Qwen2), fetched by `python -m lab.scripts.fetch_real_vocabs`. Optional: skipped,
+with the reason, when the vocabularies are not on this machine."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ AVAILABLE = all((ROOT / f / "tokenizer.json").is_file() for f in FAMILIES)
 pytestmark = [
     pytest.mark.realvocab,
     pytest.mark.skipif(
-        not AVAILABLE, reason=f"real vocabularies not in {ROOT}: run scripts/fetch_real_vocabs.py"
+        not AVAILABLE,
+        reason=f"real vocabularies not in {ROOT}: run python -m lab.scripts.fetch_real_vocabs",
     ),
 ]
 TEMPLATE = (

@@ -344,7 +344,7 @@ def test_llamaindex_accepts_remote_specs(servers, shipped_members):
 def test_bench_remote_mode_twins_every_configuration(servers, tmp_path):
     import json
 
-    from core.cli import main
+    from lab.cli import main
 
     out = tmp_path / "bench"
     args = ["bench", "--methods", "single,specem", "--n", "2", "--max-new-tokens", "10"]
@@ -369,7 +369,7 @@ def test_bench_remote_mode_twins_every_configuration(servers, tmp_path):
 
 
 def test_bench_remote_needs_one_url_per_model(servers, tmp_path, capsys):
-    from core.cli import main
+    from lab.cli import main
 
     args = ["bench", "--methods", "single", "--n", "1", "--out", str(tmp_path)]
     args += ["--model", str(model_paths()[0]), "--model", str(model_paths()[1])]

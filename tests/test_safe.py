@@ -16,7 +16,7 @@ from core.aggregate import sharpen, sharpen_heuristic
 from core.events import Drafted, EnsemblePoint, SkipConsensus, SkipGate, SkipMismatch
 from core.methods.safe import EXTRA_TOKENS, HEALED, SKIP_REASONS, consensus
 from core.testbed import make_problems
-from core.testbed.tokenizers import load_tokenizer
+from core.testbed.models import load_tokenizer
 from core.vocab import EOS
 
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 13."

@@ -1,11 +1,11 @@
-"""`llm-ensembling bench --serve` and `soak --serve` at their smallest: the tables they record
+"""`python -m lab bench --serve` and `soak --serve` at their smallest: the tables they record
 (a server process against the same method in process; an HTTP soak checked answer by answer)."""
 
 from __future__ import annotations
 
 import json
 
-from core.cli import main
+from lab.cli import main
 
 
 def test_bench_serve_compares_http_with_in_process(tmp_path, shipped_members):
@@ -14,7 +14,7 @@ def test_bench_serve_compares_http_with_in_process(tmp_path, shipped_members):
             "--max-new-tokens", "8", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "results.json").read_text())
-    assert result["command"].startswith("llm-ensembling bench --serve")
+    assert result["command"].startswith("python -m lab bench --serve")
     modes = {(r["level"], r["mode"]) for r in result["rows"]}
     assert modes == {(1, "http"), (1, "process"), (2, "http"), (2, "process")}
     assert all(r["tokens"] > 0 and r["ttft_p50_ms"] is not None for r in result["rows"])

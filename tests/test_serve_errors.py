@@ -49,5 +49,7 @@ def test_each_bad_request_gets_its_status_and_error(servers, row):
 def test_the_readme_shows_what_the_server_answers(servers):
     answers = [servers.answer(row)[:2] for row in ROWS]
     found = SECTION.search(README.read_text(encoding="utf-8"))
-    assert found, "README.md has no serve-errors section; run scripts/serve_error_table.py"
-    assert found.group(1) == markdown(ROWS, answers), "run scripts/serve_error_table.py"
+    assert found, (
+        "README.md has no serve-errors section; run python -m lab.scripts.serve_error_table"
+    )
+    assert found.group(1) == markdown(ROWS, answers), "run python -m lab.scripts.serve_error_table"

@@ -1,6 +1,6 @@
 """The code's structure, read from its source: no private name crosses a module, tests use the
-public API only, and no module imports one that imports it back (directly or around a loop,
-counting imports inside functions and under TYPE_CHECKING)."""
+public API only, no module imports one that imports it back (directly or around a loop,
+counting imports inside functions and under TYPE_CHECKING), and what ships never imports the lab."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "langchain_ensemble", "llamaindex_ensemble")
-SOURCES = [*PACKAGES, "tests", "examples"]
+PACKAGES = ("core", "langchain_ensemble", "llamaindex_ensemble")  # what the wheel ships
+LAB = "lab"  # benchmarks, the testbed's build, scripts: a source checkout only
+SOURCES = [*PACKAGES, LAB, "tests", "examples"]
 
 
 def _files(*folders: str) -> list[Path]:
@@ -83,7 +84,7 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
 
 
 def test_no_import_cycle():
-    paths = {_module_name(p): p for p in _files(*PACKAGES)}
+    paths = {_module_name(p): p for p in _files(*PACKAGES, LAB)}
     modules = set(paths)
     graph = {m: _imports(p, m, modules) for m, p in paths.items()}
     cycles, state = [], {}  # state: 1 = on the current path, 2 = done
@@ -101,3 +102,18 @@ def test_no_import_cycle():
         if module not in state:
             visit(module, [module])
     assert not cycles, "\n".join(cycles)
+
+
+def test_what_ships_never_imports_the_lab():
+    """The engine and the adapters run from the wheel, which has no `lab`."""
+    found = []
+    for path in _files(*PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{_where(path, node)} imports {n}" for n in names if n.split(".")[0] == LAB]
+    assert not found, "\n".join(found)

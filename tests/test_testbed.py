@@ -32,17 +32,18 @@ from core.testbed import (  # noqa: E402
     tool_followup,
     tool_steps,
 )
-from core.testbed.data import (  # noqa: E402
+from core.testbed.models import load_tokenizer  # noqa: E402
+from core.testbed.task import DIRECT_TOOLS, FORMS, TOOL_CALL_ID, is_test_combo, score  # noqa: E402
+from core.tool_calls import format_tool_call  # noqa: E402
+from lab.testbed.data import (  # noqa: E402
     IGNORE,
     examples,
     prompt_ids,
     tokenizer_corpus,
     trained_specs,
 )
-from core.testbed.evaluate import first_tool_call, generate, run_tool  # noqa: E402
-from core.testbed.task import DIRECT_TOOLS, FORMS, TOOL_CALL_ID, is_test_combo, score  # noqa: E402
-from core.testbed.tokenizers import WS, end_of_turn_ids, load_tokenizer  # noqa: E402
-from core.tool_calls import format_tool_call  # noqa: E402
+from lab.testbed.evaluate import first_tool_call, generate, run_tool  # noqa: E402
+from lab.testbed.tokenizers import WS, end_of_turn_ids  # noqa: E402
 
 NAMES = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
 FAMILY = {"tb-gpt2-bpe": "bpe", "tb-qwen2-spm": "spm", "tb-llama-word": "word"}
@@ -404,7 +405,7 @@ def test_model_paths_fixed_order():
 def report():
     path = model_paths()[0].parent / "report.json"
     if not (model_paths()[0] / "model.safetensors").exists() or not path.exists():
-        pytest.skip("models not built yet: python -m core.testbed.build")
+        pytest.skip("models not built yet: python -m lab.testbed.build")
     return json.loads(path.read_text())
 
 

@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig
-
-from .tokenizers import eos_token_ids, load_tokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+)
 
 MODELS_DIR = Path(__file__).parent / "models"
 MAX_POSITIONS = 2048
@@ -56,7 +60,7 @@ MEMBERS = {
     ),
 }
 # An early checkpoint of tb-gpt2-bpe: its shape, tokenizer and template, its training run
-# stopped early (core.testbed.build.WEAK_RECIPE).
+# stopped early (lab.testbed.build.WEAK_RECIPE).
 WEAK = MemberSpec("tb-gpt2-early", "gpt2", "bpe", dict(MEMBERS["tb-gpt2-bpe"].shape))
 WEAK_SOURCE = "tb-gpt2-bpe"  # the member whose run it is an early checkpoint of
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -85,6 +89,20 @@ NO_DROPOUT = {
     "llama": dict(attention_dropout=0.0),
     "qwen2": dict(attention_dropout=0.0, use_sliding_window=False),
 }
+
+
+# Document-level end tokens that generation should also stop at (besides the end of turn).
+EXTRA_EOS = {"bpe": "<|endoftext|>", "spm": "</s>", "word": "<eos>"}
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
+    """Load a saved testbed tokenizer as exactly what was saved (no family-specific rewrapping)."""
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def eos_token_ids(name: str, tok: PreTrainedTokenizerFast) -> list[int]:
+    """Ids generation stops at: the end-of-turn token (tokenizer.eos_token) and the document end."""
+    return [tok.eos_token_id, tok.convert_tokens_to_ids(EXTRA_EOS[name])]
 
 
 def make_config(model_type: str, tok, **overrides) -> PretrainedConfig:

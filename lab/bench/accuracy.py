@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import GenerationConfig
-from ..ensemble import Ensemble
-from ..errors import InvalidConfigError
-from ..member import Member
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+from core.errors import InvalidConfigError
+from core.member import Member
+
 from .report import pyplot, save_figure, write_results
 from .setups import (
     Setup,
@@ -55,7 +56,7 @@ def _with_served(
 ) -> tuple[list[Member], list[Setup]]:
     """The in-process members plus one served copy of each (`--remote URL` per model, in
     order; the server must serve the same model), and every setup twinned onto the copies."""
-    from ..remote import Remote, connect
+    from core.remote import Remote, connect
 
     if shape is not None:
         raise InvalidConfigError(

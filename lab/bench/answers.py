@@ -1,6 +1,6 @@
 """Checking a model's output against a reference answer: the FINAL answer, compared exactly.
 
-`llm-ensembling bench --task file.jsonl` scores outputs with `answer_checker(row["answer"])`.
+`python -m lab bench --task file.jsonl` scores outputs with `answer_checker(row["answer"])`.
 Looking for the answer anywhere in the output would let a multiple-choice "B" match almost any
 text, so the checker first extracts the one answer the output commits to, then compares:
 

@@ -1,4 +1,4 @@
-"""The `bench` and `soak` commands of `llm-ensembling`: their arguments, and the run each one
+"""The `bench` and `soak` commands of `python -m lab`: their arguments, and the run each one
 starts (the accuracy/speed table, concurrency, grammar cost, tool use, the soak)."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import argparse
 import shlex
 from pathlib import Path
 
-from ..errors import EnsembleError, InvalidConfigError
+from core.errors import EnsembleError, InvalidConfigError
 
 BENCH_METHODS = "single,token,safe,specem"  # what `bench` compares unless --methods says
 
 
 def _command(args: argparse.Namespace) -> str:
-    return "llm-ensembling " + " ".join(shlex.quote(a) for a in args.argv)
+    return "python -m lab " + " ".join(shlex.quote(a) for a in args.argv)
 
 
 def _show(args: argparse.Namespace) -> None:
@@ -244,7 +244,7 @@ def soak(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub) -> None:
-    """The `bench` and `soak` sub-commands, on the CLI's sub-parsers."""
+    """The `bench` and `soak` sub-commands, on the lab's sub-parsers."""
     p = sub.add_parser("bench", help="measure methods side by side in one run")
     p.add_argument(
         "--methods", default=None, help="default: single,token,safe,specem (--headroom: every one)"

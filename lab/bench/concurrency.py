@@ -1,5 +1,5 @@
 """Benchmark: many requests at once on one loaded ensemble, against the same requests one at a
-time (`llm-ensembling bench --concurrency 1,2,4,8,16`), and against what the bare models reach.
+time (`python -m lab bench --concurrency 1,2,4,8,16`), and against what the bare models reach.
 
 The problems are cut into chunks; every chunk runs at every concurrency level, for every
 configuration, levels and configurations in a rotating order, so machine noise hits them alike.
@@ -36,12 +36,13 @@ from pathlib import Path
 
 import torch
 
-from ..chat import normalize_messages
-from ..config import GenerationConfig
-from ..ensemble import Ensemble
-from ..errors import InvalidConfigError
-from ..hf_member import HFMember
-from ..member import Member
+from core.chat import normalize_messages
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+from core.errors import InvalidConfigError
+from core.hf_member import HFMember
+from core.member import Member
+
 from .report import pyplot, save_figure, write_results
 from .setups import Setup, ensemble_for
 
@@ -128,7 +129,7 @@ def pad_context(messages: list[dict], tokens: int, member: Member, seed: int) ->
     change the answer) until `member` renders it in at least `tokens` tokens."""
     import random
 
-    from ..testbed.task import FOODS, NAMES, THINGS
+    from core.testbed.task import FOODS, NAMES, THINGS
 
     marker = "---------------------\n"
     user = next((i for i, m in enumerate(messages) if marker in str(m.get("content", ""))), None)

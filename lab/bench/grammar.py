@@ -1,5 +1,5 @@
 """Benchmark: what constrained decoding costs per output token, for every method
-(`llm-ensembling bench --grammar-cost`).
+(`python -m lab bench --grammar-cost`).
 
 Each problem runs twice per configuration, without a grammar and with one, side by side in one
 run (configurations and the two variants in a rotating order, prefix reuse off). The grammar is
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import GenerationConfig
-from ..ensemble import Ensemble
-from ..member import Member
-from ..testbed import TOOL_SPECS
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+from core.member import Member
+from core.testbed import TOOL_SPECS
+
 from .concurrency import ForwardClock
 from .report import write_results
 from .setups import Setup, ensemble_for

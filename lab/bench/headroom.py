@@ -25,14 +25,15 @@ from typing import Any
 
 import torch
 
-from ..config import GenerationConfig
+from core.config import GenerationConfig
+
 from .accuracy import Record, run_one, summarise
 from .report import write_results
 from .setups import Setup, ensemble_for, load_members, load_task, parse_setups
 
 METHODS = ("token", "safe", "specem", "rerank")
 # Each method's best options, measured on held-out problems of seed 2 (never the measured seed
-# 1; `bench/readme_tables.sh tuning`): the rows "at its best" run with these.
+# 1; `lab/scripts/readme_tables.sh tuning`): the rows "at its best" run with these.
 BEST: dict[str, dict[str, Any]] = {
     "token": {"subtoken": "first"},
     "safe": {},  # its defaults are its best
@@ -99,7 +100,7 @@ def run(
     progress: bool = True,
     command: str = "",
 ) -> dict:
-    from ..testbed import model_paths
+    from core.testbed import model_paths
 
     task = load_task("arithmetic", n, seed)
     warm_task = load_task("arithmetic", warmup, warmup_seed) if warmup else None

@@ -6,7 +6,7 @@ the servers' own counters (`vllm:prefix_cache_queries` / `_hits`, in prompt toke
 few greedy requests per method and prints the share of prompt tokens served from the cache.
 
     bash .ci/remote.sh serve &      # prints: export LLM_ENSEMBLING_SERVERS=...
-    LLM_ENSEMBLING_SERVERS=... python bench/prefix_cache.py --n 10
+    LLM_ENSEMBLING_SERVERS=... python -m lab.bench.prefix_cache --n 10
 """
 
 from __future__ import annotations

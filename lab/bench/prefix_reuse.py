@@ -6,7 +6,7 @@ tokens past the longest prefix a finished request left in its pool. Each turn as
 held-out problem after the previous answers; both settings run the same turns, greedy, and must
 write the same texts. Counts, not times: the numbers do not depend on the machine.
 
-    python bench/prefix_reuse.py [--turns 5] [--method safe] [--out bench/results/prefix-reuse]
+    python -m lab.bench.prefix_reuse [--turns 5] [--method safe] [--out lab/results/prefix-reuse]
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from core import Ensemble, GenerationConfig
+from core.testbed import make_problems, model_paths
 
-from core import Ensemble, GenerationConfig  # noqa: E402
-from core.bench.report import write_results  # noqa: E402
-from core.testbed import make_problems, model_paths  # noqa: E402
+from .report import write_results
 
 
 def conversation(ensemble: Ensemble, questions: list[str], config: GenerationConfig) -> list:
@@ -47,7 +44,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--method", default="safe")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--out", default="bench/results/prefix-reuse")
+    parser.add_argument("--out", default="lab/results/prefix-reuse")
     args = parser.parse_args()
     questions = [p.messages[-1]["content"] for p in make_problems(args.turns, seed=1)]
     config = GenerationConfig(max_new_tokens=args.max_new_tokens)
@@ -73,7 +70,7 @@ def main() -> None:
         + "\n".join(lines)
         + "\n"
     )
-    command = "python " + shlex.join(["bench/prefix_reuse.py", *sys.argv[1:]])
+    command = "python " + shlex.join(["-m", "lab.bench.prefix_reuse", *sys.argv[1:]])
     result = {"command": command, "method": args.method, "members": names, "runs": runs}
     write_results(args.out, result, table)
     print(table)

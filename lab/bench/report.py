@@ -19,7 +19,7 @@ import torch
 
 def provenance(command: str) -> dict[str, Any]:
     """The run's command, date, machine and versions (recorded in every results file)."""
-    from .. import __version__
+    from core import __version__
 
     try:
         load = list(os.getloadavg())

@@ -1,5 +1,5 @@
-"""The server under load (`llm-ensembling bench --serve 1,8,32`) and an HTTP soak
-(`llm-ensembling soak --serve`), both with real HTTP clients on the loopback.
+"""The server under load (`python -m lab bench --serve 1,8,32`) and an HTTP soak
+(`python -m lab soak --serve`), both with real HTTP clients on the loopback.
 
 Load: for every method, a server process (`llm-ensembling serve`, its own copy of the models)
 and the same method in this process on the same requests. At each level of c concurrent clients
@@ -10,7 +10,7 @@ latency and time to the first text; and whether every HTTP answer equals the in-
 
 Soak: servers in this process (one per method, `on_member_failure="drop"`, over one set of
 loaded members), so faults can be injected into the members' forward passes
-(`core.bench.soak.FaultHooks`), and a pool of HTTP clients sending a seeded mix: whole answers,
+(`lab.bench.soak.FaultHooks`), and a pool of HTTP clients sending a seeded mix: whole answers,
 streams, streams abandoned after a few chunks, connections dropped before the answer, requests
 with a member fault, malformed requests. Every answer is checked against a fresh ensemble (of
 the members left, after a fault); no answer may be a 5xx; no request slot may be held at the end;
@@ -40,8 +40,9 @@ from typing import Any
 
 import httpx
 
-from ..config import GenerationConfig
-from ..ensemble import Ensemble
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+
 from .report import write_results
 from .setups import Setup, ensemble_for
 from .soak import FaultHooks, References, rss_kib
@@ -402,8 +403,8 @@ def run_soak(
     out: str,
     command: str,
 ) -> dict:
-    from ..serve.runner import serve_in_thread
-    from ..serve.settings import ServeSettings
+    from core.serve.runner import serve_in_thread
+    from core.serve.settings import ServeSettings
 
     ensembles = {s.label: ensemble_for(members, s, on_member_failure="drop", prefix_reuse=True)
                  for s in setups}  # fmt: skip

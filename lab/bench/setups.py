@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from ..cli_options import parse_value
-from ..ensemble import Ensemble
-from ..errors import InvalidConfigError
-from ..hf_member import HFMember
-from ..member import Member
-from ..methods import METHOD_NAMES, method_class
+from core.cli_options import parse_value
+from core.ensemble import Ensemble
+from core.errors import InvalidConfigError
+from core.hf_member import HFMember
+from core.member import Member
+from core.methods import METHOD_NAMES, method_class
+
 from .answers import answer_checker
 
 # Random-weight shapes of real models, on the testbed tokenizers (speed only: accuracy is
@@ -56,11 +57,11 @@ class Task:
 
 def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
     """The testbed's arithmetic problems, or a JSONL file of {"prompt", "answer"} lines whose
-    outputs are checked by their FINAL answer (`core.bench.answers.answer_checker`: the number, the
+    outputs are checked by their FINAL answer (`lab.bench.answers.answer_checker`: the number, the
     multiple-choice letter or the text after the last "The answer is"/"Answer:", compared
     exactly; never a match anywhere in the output)."""
     if task == "arithmetic":
-        from ..testbed import check_answer, make_problems
+        from core.testbed import check_answer, make_problems
 
         problems = make_problems(n, seed=seed, form=form, split="test")
         return Task(
@@ -172,7 +173,7 @@ def method_setups(
 
 
 def shipped_model_paths() -> list[str]:
-    from ..testbed import model_paths
+    from core.testbed import model_paths
 
     return [str(p) for p in model_paths()]
 
@@ -220,10 +221,16 @@ def shape_members(shape: str, device: str, dtype: str) -> list[HFMember]:
     device (nothing downloaded, nothing written)."""
     from transformers import AutoModelForCausalLM
 
-    from ..loading import resolve_device, resolve_dtype
-    from ..testbed import MODEL_ORDER
-    from ..testbed.models import MEMBERS, MODELS_DIR, TINY, generation_config, make_config
-    from ..testbed.tokenizers import load_tokenizer
+    from core.loading import resolve_device, resolve_dtype
+    from core.testbed import MODEL_ORDER
+    from core.testbed.models import (
+        MEMBERS,
+        MODELS_DIR,
+        TINY,
+        generation_config,
+        load_tokenizer,
+        make_config,
+    )
 
     if shape not in SHAPES:
         raise InvalidConfigError(f"--shape {shape!r}: use one of {', '.join(SHAPES)}.")

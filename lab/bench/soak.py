@@ -1,5 +1,5 @@
 """Soak: many requests of every kind on one set of loaded models, watching memory and latency
-stay flat and every answer stay right (`llm-ensembling soak`).
+stay flat and every answer stay right (`python -m lab soak`).
 
 Requests mix methods and both member-failure policies, and run as they do in applications:
 from a pool of threads and from asyncio tasks at once; some streams are abandoned after a few
@@ -32,10 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig
-from ..ensemble import Ensemble
-from ..errors import MemberError
-from ..member import Member
+from core.config import GenerationConfig
+from core.ensemble import Ensemble
+from core.errors import MemberError
+from core.member import Member
+
 from .report import pyplot, save_figure, write_results
 from .setups import Setup, ensemble_for, load_members
 

@@ -1,4 +1,4 @@
-"""Benchmark: tool use, for each single model and each method (`llm-ensembling bench --form
+"""Benchmark: tool use, for each single model and each method (`python -m lab bench --form
 tool`).
 
 Each held-out tool problem offers a few tools; the right answer is one call (or, for some
@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, Output
-from ..ensemble import Ensemble
-from ..errors import InvalidConfigError
-from ..json_schema import closed_schema
-from ..member import Member
-from ..methods import method_class
-from ..tool_calls import ToolCall
+from core.config import GenerationConfig, Output
+from core.ensemble import Ensemble
+from core.errors import InvalidConfigError
+from core.json_schema import closed_schema
+from core.member import Member
+from core.methods import method_class
+from core.tool_calls import ToolCall
+
 from .report import write_results
 from .setups import Setup, ensemble_for
 
@@ -54,7 +55,7 @@ class ToolTask:
 
 def testbed_tool_task(n: int, seed: int = 1) -> ToolTask:
     """The testbed's held-out tool-form problems and its tools."""
-    from .. import testbed
+    from core import testbed
 
     if "tool" not in getattr(testbed.task, "FORMS", ()):
         raise InvalidConfigError(

@@ -4,7 +4,7 @@ The PyPI source distribution of llama-cpp-python ships vocab-only GGUF files of 
 families; transformers reads them (with the `gguf` package) and we save each as a plain
 tokenizer directory. Vocabularies keep their upstream models' licences.
 
-    python scripts/fetch_real_vocabs.py [DEST]   # default: ~/.cache/llm-ensembling/vocabs
+    python -m lab.scripts.fetch_real_vocabs [DEST]   # default: ~/.cache/llm-ensembling/vocabs
 """
 
 from __future__ import annotations

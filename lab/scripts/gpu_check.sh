@@ -5,11 +5,11 @@
 # ratios bound the machinery's cost from above. Then the concurrency sweep (1, 8 and 16 requests
 # at once against the bare models' own batching, measured in the same run): short and RAG-length
 # prompts, on the shipped models and on the 1B shapes (~8 more minutes).
-#   bench/gpu_check.sh [OUT_DIR]
+#   lab/scripts/gpu_check.sh [OUT_DIR]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-bench-out/gpu}
-BENCH=".venv/bin/llm-ensembling bench --device cuda --ignore-stop"
+BENCH=".venv/bin/python -m lab bench --device cuda --ignore-stop"
 $BENCH --dtype bfloat16 --shape 1b --methods single,token,safe,specem --aggregator unite --n 6 \
   --max-new-tokens 256 --out "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

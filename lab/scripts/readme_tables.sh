@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The runs behind the README's tables, each ONE `llm-ensembling bench` run (configurations
+# The runs behind the README's tables, each ONE `python -m lab bench` run (configurations
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   bench/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]
+#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-CLI=${CLI:-.venv/bin/llm-ensembling}
+cd "$(dirname "$0")/../.."
+CLI=${CLI:-.venv/bin/python -m lab}
 BENCH=${BENCH:-$CLI bench}
-OUT=${OUT:-bench/results}
+OUT=${OUT:-lab/results}
 MODELS=core/testbed/models
 
 headroom() {  # the default against the ceiling: every member alone, every method at its default

@@ -2,7 +2,7 @@
 models and write the answers into README.md, between the serve-errors markers (the test
 `tests/test_serve_errors.py` checks that the README shows exactly this).
 
-    python scripts/serve_error_table.py
+    python -m lab.scripts.serve_error_table
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests")]  # the request rows are the test suite's
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from serve_bad_requests import ROWS, Servers, markdown  # noqa: E402

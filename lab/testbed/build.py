@@ -1,11 +1,11 @@
 """Build the testbed: tokenizers, three trained models, a weak fourth, and a report.
 Deterministic.
 
-    python -m core.testbed.build                     # everything (28 min on 2 busy CPU cores)
-    python -m core.testbed.build --only tokenizers   # just the tokenizers (seconds)
-    python -m core.testbed.build --only weak         # just the weak member (minutes)
-    python -m core.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
-    python -m core.testbed.build --jobs 1            # one model after the other (same weights)
+    python -m lab.testbed.build                     # everything (28 min on 2 busy CPU cores)
+    python -m lab.testbed.build --only tokenizers   # just the tokenizers (seconds)
+    python -m lab.testbed.build --only weak         # just the weak member (minutes)
+    python -m lab.testbed.build --only eval         # re-measure the saved models, rewrite REPORT
+    python -m lab.testbed.build --jobs 1            # one model after the other (same weights)
 
 Each model trains on its own mix, so that each is imperfect and their errors differ. The weak
 member is an early checkpoint of tb-gpt2-bpe's run (the same data, order and schedule, stopped
@@ -26,20 +26,22 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM
 
-from . import MODEL_ORDER
-from .data import tokenizer_corpus
-from .evaluate import answers, run_tool
-from .models import (
+from core.testbed import MODEL_ORDER
+from core.testbed.models import (
     MEMBERS,
     MODELS_DIR,
     WEAK,
     WEAK_SOURCE,
     generation_config,
+    load_tokenizer,
     make_config,
     save_tokenizer_files,
 )
-from .task import check_answer, make_problems
-from .tokenizers import load_tokenizer, train_tokenizer
+from core.testbed.task import check_answer, make_problems
+
+from .data import tokenizer_corpus
+from .evaluate import answers, run_tool
+from .tokenizers import train_tokenizer
 from .train import TrainConfig, train
 
 # One thread per model, one process per model (--jobs): idle cores are all used, and a busy
@@ -208,7 +210,7 @@ def write_report(trained: dict, results: dict, build_seconds: float | None) -> N
     )
     md = f"""# Testbed models: report
 
-Written by `python -m core.testbed.build`. Greedy `model.generate`, one problem at a time, on
+Written by `python -m lab.testbed.build`. Greedy `model.generate`, one problem at a time, on
 held-out problems (`make_problems(n, seed=1, form=..., split="test")`): {EVAL["cot"]} cot,
 {EVAL["rag"]} rag, {EVAL["react"]} react (the ReAct loop played with `calculator`, right if the
 final answer is), {EVAL["tool"]} tool (one turn played with the offered tools: the right decision

@@ -18,15 +18,16 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerFast
 
-from ..chat import (
+from core.chat import (
     normalize_messages,
     render_prompt,
     response_format_instruction,
     tool_response_text,
     tools_system_block,
 )
-from ..tools import ToolSpec
-from .task import FORMS, make_problems, react_steps, tool_steps
+from core.testbed.task import FORMS, make_problems, react_steps, tool_steps
+from core.tools import ToolSpec
+
 from .tokenizers import end_of_turn_ids
 
 IGNORE = -100  # label of prompt positions (no loss)

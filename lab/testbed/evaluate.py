@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from ..tool_calls import parse_tool_calls
-from .data import prompt_ids
-from .task import (
+from core.testbed.task import (
     CALCULATOR_ARG,
     CALCULATOR_NAME,
     TOOL_CALL_ID,
@@ -21,7 +19,10 @@ from .task import (
     check_tool_call,
     tool_followup,
 )
-from .tool_set import call_tool
+from core.testbed.tool_set import call_tool
+from core.tool_calls import parse_tool_calls
+
+from .data import prompt_ids
 
 MAX_NEW_TOKENS = 80
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -93,8 +92,6 @@ SPECS = {
         template=GEMMA_TEMPLATE,
     ),
 }  # fmt: skip
-# Document-level end tokens that generation should also stop at (besides the end of turn).
-EXTRA_EOS = {"bpe": "<|endoftext|>", "spm": "</s>", "word": "<eos>"}
 
 
 def _specials(spec: dict) -> list[str]:
@@ -193,11 +190,6 @@ def train_tokenizer(name: str, corpus: Iterable[str]) -> PreTrainedTokenizerFast
     )
 
 
-def eos_token_ids(name: str, tok: PreTrainedTokenizerFast) -> list[int]:
-    """Ids generation stops at: the end-of-turn token (tokenizer.eos_token) and the document end."""
-    return [tok.eos_token_id, tok.convert_tokens_to_ids(EXTRA_EOS[name])]
-
-
 def end_of_turn_ids(tok: PreTrainedTokenizerFast) -> list[int]:
     """What the template writes right after an assistant message, up to and including the first
     special token (found by rendering, not hard-coded): e.g. the ids of ``<|im_end|>``."""
@@ -210,8 +202,3 @@ def end_of_turn_ids(tok: PreTrainedTokenizerFast) -> list[int]:
     special = set(tok.all_special_ids)
     cut = next(i for i, t in enumerate(ids) if t in special)
     return ids[: cut + 1]
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """Load a saved testbed tokenizer as exactly what was saved (no family-specific rewrapping)."""
-    return PreTrainedTokenizerFast.from_pretrained(str(path))
