@@ -117,3 +117,21 @@ def test_what_ships_never_imports_the_lab():
                 continue
             found += [f"{_where(path, node)} imports {n}" for n in names if n.split(".")[0] == LAB]
     assert not found, "\n".join(found)
+
+
+def test_one_table_names_every_method():
+    """`core.methods.registry` is the only place a method is named: every module that defines a
+    `METHOD` is in it, under the name its class gives."""
+    from core.methods.registry import METHOD_MODULES, method_class
+
+    defined = set()
+    for path in _files("core/methods"):
+        tree = ast.parse(path.read_text())
+        if any(
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", "") == "METHOD" for t in node.targets)
+            for node in tree.body
+        ):
+            defined.add(_module_name(path).removeprefix("core.methods."))
+    assert defined == set(METHOD_MODULES.values())
+    assert all(method_class(name).name == name for name in METHOD_MODULES)

@@ -1,30 +1,17 @@
-"""Methods by name. Each module defines one `Method` subclass and exports it as `METHOD`."""
+"""Methods by name (the table is `registry`). Each module defines one `Method` subclass and
+exports it as `METHOD`."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from ..errors import InvalidConfigError
-from . import single  # noqa: F401 (the method a lone member runs: Method.without needs it)
 from .base import Commit, Method, Request
+from .registry import METHOD_NAMES, method_class
 
-METHOD_NAMES = ("single", "token", "safe", "specem", "rerank")
 # The method an Ensemble (and each adapter) runs unless told otherwise, at its own default
 # options: the best configuration measured (README, "The default").
 DEFAULT_METHOD = "safe"
-
-
-def method_class(name: str) -> type[Method]:
-    if name not in METHOD_NAMES:
-        raise InvalidConfigError(
-            f"unknown method {name!r}; use one of {', '.join(map(repr, METHOD_NAMES))}."
-        )
-    try:
-        module = importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as error:
-        raise InvalidConfigError(f"method {name!r} is not available in this build") from error
-    return module.METHOD
 
 
 def check_method(name: str, n_members: int, options: dict) -> type[Method]:

@@ -25,6 +25,7 @@ from ..member import Member
 from ..sampling import Sampler
 from ..trust import TrustView
 from ..validate import check_choice  # noqa: F401 (methods import it from here)
+from .registry import method_class
 
 
 @dataclass
@@ -97,11 +98,6 @@ class Method(ABC):
     name: ClassVar[str]
     min_members: ClassVar[int] = 1
     member_options: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:
-            _BY_NAME.setdefault(cls.name, cls)
 
     def __init__(self, members: Sequence[Member]) -> None:
         if len(members) < self.min_members:
@@ -220,9 +216,6 @@ def _last_space_run(text: str) -> int:
     return end
 
 
-_BY_NAME: dict[str, type[Method]] = {}  # every method class, registered as it is defined
-
-
 def _single(members: Sequence[Member], index: int) -> Method:
-    """The method a lone member runs (`core.methods` defines it whenever this module loads)."""
-    return _BY_NAME["single"](members, member=index)
+    """The method a lone member runs, from the one table of methods."""
+    return method_class("single")(members, member=index)
