@@ -3,9 +3,10 @@
 Framework objects (a LangChain chat model, a LlamaIndex LLM) are built often and cheaply: in
 `Settings`, per query engine, per test. Loading models is neither, so adapters construct without
 loading and call `shared_ensemble` on first use. Instances with the same configuration get the
-same `Ensemble`, and so the same lock: requests on shared members run one at a time. An ensemble
-is freed when the last instance holding it goes (weak references), except the two most recently
-used, which stay loaded.
+same `Ensemble`, and so share its admission: their requests run concurrently, up to its
+`max_concurrency` at a time, each with its own member state, their forward passes batched per
+model (`core.admission`). An ensemble is freed when the last instance holding it goes (weak
+references), except the two most recently used, which stay loaded.
 """
 
 from __future__ import annotations

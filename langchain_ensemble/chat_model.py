@@ -83,8 +83,9 @@ class ChatEnsemble(BaseChatModel):
         (`models`, `method`, `method_options`, `device`, `dtype`) for every instance.
 
     Key init args:
-        models: the members; SAFE drafts with the first.
-        method: "safe" | "specem" | "token" | "single"; method_options: its options.
+        models: the members; SAFE drafts with the member trusted most (the first while all are
+            trusted alike) unless its `drafter` option names one.
+        method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
         device, dtype: one for all, or one per member.
         temperature, top_p, seed, max_tokens, stop: generation settings (greedy by default),
             each overridable per call (`invoke(..., temperature=0.7)`, `.bind(seed=1)`).

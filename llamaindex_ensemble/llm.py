@@ -92,8 +92,10 @@ class EnsembleLLM(FunctionCallingLLM):
         `names`) for every instance. `ensemble=` wraps an `Ensemble` you built yourself.
 
     Key init args:
-        models: the members; SAFE drafts with the first. names: member names in events/stats.
-        method: "safe" | "specem" | "token" | "single"; method_options: its options.
+        models: the members; SAFE drafts with the member trusted most (the first while all are
+            trusted alike) unless its `drafter` option names one. names: member names in
+            events/stats.
+        method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
         device, dtype: one for all, or one per member.
         max_new_tokens, temperature, top_p, seed, stop: generation settings (greedy by
             default), each overridable per call (`complete(..., temperature=0.7)`).

@@ -17,7 +17,8 @@ maybe a ``problem.response_format`` (a JSON schema); the right first turn is one
     messages = [*problem.messages, *tool_followup("call_1", name, arguments, result)]
     check_answer(final_text, problem)               # JSON checked where the schema asks for it
 
-Built by ``python -m lab.testbed.build`` (deterministic); see ``models/REPORT.md``.
+Built by ``python -m lab.testbed.build`` from a source checkout (deterministic); see
+``models/REPORT.md``.
 
 The models were trained on ReAct traces in exactly the messages this LlamaIndex agent sends
 (checked against the real classes in tests/test_testbed_forms.py)::
