@@ -367,7 +367,11 @@ class Matcher:
         if self._native.is_error():
             message = self._native.get_error().strip().splitlines()[0]
             self._dirty = True  # rebuilt on the next call
-            raise ConstraintError(f"the grammar matcher failed: {message}")
+            raise ConstraintError(
+                f"{self.constraint.what} cannot be followed: the grammar matcher failed "
+                f"({message}); a schema that admits no value (a $ref that only refers to "
+                "itself, say) has none to write: fix the schema."
+            )
 
     def follow(self, ids: Sequence[int]) -> None:
         """Make the state "after exactly `ids`": roll back to the common prefix with the ids

@@ -25,6 +25,7 @@ from core.errors import (
     MemberError,
     ServerError,
 )
+from core.grammar import ConstraintError
 
 _TYPES = {
     401: "authentication_error",
@@ -94,7 +95,7 @@ def from_engine(
         return APIError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(error, InvalidMessagesError):
         return APIError(400, message, param=param or "messages", code="invalid_messages")
-    if isinstance(error, InvalidConfigError):
+    if isinstance(error, (InvalidConfigError, ConstraintError)):  # the request's own grammar
         return APIError(422, message, param=param, code="unsupported")
     if isinstance(error, ServerError):
         where = f" under request id {request_id}" if request_id else ""
