@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from core.concurrency import iterate_in_thread
+from core.concurrency import iterate_in_thread, start_worker
 from core.config import Delta, Output
 from core.ensemble import Ensemble
 from core.errors import EnsembleError, MemberError
@@ -172,9 +172,9 @@ async def _collect(batches: AsyncIterator) -> list:
 
 
 def _in_thread(work: Callable[[], Any], discard: Callable[[Any], None]) -> asyncio.Future:
-    """`work()` on a thread of its own (never the loop's shared pool, where requests waiting
-    for a slot would hold every worker), as a future; a result that arrives after the future
-    was cancelled is given to `discard`."""
+    """`work()` on a worker thread of the engine's (never the loop's bounded pool, where
+    requests waiting for a slot would hold every worker), as a future; a result that arrives
+    after the future was cancelled is given to `discard`."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -195,7 +195,7 @@ def _in_thread(work: Callable[[], Any], discard: Callable[[Any], None]) -> async
         else:
             loop.call_soon_threadsafe(settle, result, None)
 
-    threading.Thread(target=run, name="serve-prepare", daemon=True).start()
+    start_worker(run)
     return future
 
 

@@ -28,6 +28,7 @@ max_tokens = 1024
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import sys
@@ -138,6 +139,7 @@ class ServeSettings:
             )
 
 
+@functools.lru_cache(maxsize=256)  # read on every request of a keyless server
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
