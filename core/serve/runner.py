@@ -82,8 +82,8 @@ def header_deadline(seconds: float) -> type:
 
         def _expired(self) -> None:
             self._deadline = None
-            waiting = self.cycle is self._before
-            if waiting and not self.transport.is_closing():
+            idle = self.cycle is None or self.cycle.response_complete  # none being answered
+            if idle and self.cycle is self._before and not self.transport.is_closing():
                 log.info("closed a connection whose headers took over %g s", seconds)
                 self.transport.close()
 
