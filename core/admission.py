@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 from .batching import request_threads
-from .errors import EnsembleBusyError, InvalidConfigError
+from .errors import EnsembleBusyError, InvalidConfigError, RequestCancelled
 from .kv import free_bytes
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
@@ -73,18 +73,32 @@ class Admission:
         """A count changed (called under the lock)."""
         self._counted.notify_all()
 
+    def admit(self, cancel: threading.Event | None = None) -> Slot:
+        """Take one of the `max_concurrency` slots, waiting in the queue if need be, and hold
+        it until the returned `Slot` is released. A caller that does work of its own before
+        its request runs (a server reading and compiling a request) takes the slot first, so
+        the queue limits bound that work too, and hands it to `Ensemble.stream(admitted=...)`.
+        `cancel`, set while waiting (then `wake()`), ends the wait with `RequestCancelled`."""
+        self._acquire(cancel)
+        return Slot(self)
+
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, cancel: threading.Event | None = None) -> Iterator[None]:
         """Hold one of the `max_concurrency` slots (waiting in the queue if need be)."""
-        self._acquire()
-        try:
+        with self.admit(cancel):
             yield
-        finally:
-            with self._changed:
-                self._running -= 1
-                self._changed.notify()
-                self._moved()
-                self._follow_load()
+
+    def wake(self) -> None:
+        """Wake every waiting request, so one whose `cancel` was set leaves the queue now."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def _release(self) -> None:
+        with self._changed:
+            self._running -= 1
+            self._changed.notify()
+            self._moved()
+            self._follow_load()
 
     def _follow_load(self) -> None:
         """Quick thread switches while more than one request runs (called under the lock)."""
@@ -139,7 +153,7 @@ class Admission:
         self._follow_load()
         return True
 
-    def _acquire(self) -> None:
+    def _acquire(self, cancel: threading.Event | None = None) -> None:
         nested = getattr(self._inside, "depth", 0) > 1  # this request runs inside another
         with self._changed:
             if self._take(nested):
@@ -160,17 +174,19 @@ class Admission:
         deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         try:
             with request_threads.parked():  # waiting for a slot: no pass will come from it
-                while not self._wait_for_slot(deadline):
+                while not self._wait_for_slot(deadline, cancel):
                     self._reclaim()
         finally:
             with self._changed:
                 self._waiting -= 1
                 self._moved()
 
-    def _wait_for_slot(self, deadline: float | None) -> bool:
+    def _wait_for_slot(self, deadline: float | None, cancel: threading.Event | None) -> bool:
         """Wait up to a second for a free slot and take it (False: none yet); past the queue
-        timeout, `EnsembleBusyError`."""
+        timeout, `EnsembleBusyError`; once `cancel` is set, `RequestCancelled`."""
         with self._changed:
+            if cancel is not None and cancel.is_set():
+                raise RequestCancelled("the request was cancelled while it waited for a slot")
             if self._take():
                 return True
             left = None if deadline is None else deadline - time.monotonic()
@@ -182,6 +198,28 @@ class Admission:
                 )
             self._changed.wait(_IDLE_SECONDS if left is None else min(left, _IDLE_SECONDS))
             return self._take()
+
+
+class Slot:
+    """One held request slot (`Admission.admit`): released once, by `release()` or at the end
+    of a `with` block; releasing it again does nothing."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+        self._held = True
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, False
+        if held:
+            self._admission._release()
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class _SwitchInterval:

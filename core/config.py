@@ -97,6 +97,9 @@ class Stats:
     failed: dict[str, str] = field(default_factory=dict)  # member -> why it left the request
     prefilled: dict[str, int] = field(default_factory=dict)  # ids fed (prefix reuse saves some)
     cache_bytes: int = 0  # key/value bytes the request's members held at its end
+    # the method as this request ran it, recorded when it started: `Ensemble.summary()` then,
+    # with the drafter, members and member weights this request used
+    method_summary: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_tokens(self) -> int:

@@ -9,6 +9,7 @@ hash that cannot be turned back into the key and means nothing outside this proc
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -96,14 +97,21 @@ def split_userinfo(url: str) -> tuple[str, Secret | None]:
     return bare, Secret(f"{parsed.username}:{parsed.password}")
 
 
+def _forms(value: str) -> list[str]:
+    """The forms in which a server may echo a credential: as given, the password of a
+    `user:password` alone, and each of those in base64 (an `Authorization: Basic` header), with
+    and without its padding."""
+    plain = [value, *value.split(":", 1)[1:]]
+    encoded = [base64.b64encode(p.encode()).decode() for p in plain if p]
+    return [*plain, *encoded, *(e.rstrip("=") for e in encoded)]
+
+
 def scrub(text: str, secrets: list[Secret | None], limit: int = 300) -> str:
-    """`text` cut to `limit` characters, with every secret's value (and, for `user:password`,
-    the password alone) replaced by stars: for quoting what a server answered in an error."""
+    """`text` cut to `limit` characters, with every secret's value in every form a server may
+    echo it (`_forms`) replaced by stars: for quoting what a server answered in an error."""
     for secret in secrets:
         if secret is None or secret.dropped:
             continue
-        value = secret.get_secret_value()
-        parts = [value, *value.split(":", 1)[1:]]
-        for part in sorted(filter(None, parts), key=len, reverse=True):
+        for part in sorted(filter(None, _forms(secret.get_secret_value())), key=len, reverse=True):
             text = text.replace(part, _HIDDEN)
     return text if len(text) <= limit else text[:limit] + "…"

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .admission import Admission, check_admission, default_concurrency
+from .admission import Admission, Slot, check_admission, default_concurrency
 from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
@@ -196,13 +196,16 @@ class Ensemble:
         config: GenerationConfig | None = None,
         *,
         on_event: OnEvent = None,
+        admitted: Slot | None = None,
         **overrides: Any,
     ) -> Iterator[Delta]:
         """Deltas of the response as it is committed; the last one has finish_reason and stats.
 
         The request is checked and every member's prompt rendered here, before the first
         `next()`, so bad input fails at the call. Iteration waits for a request slot
-        (`max_concurrency`) first; closing the stream (or dropping it) frees its slot."""
+        (`max_concurrency`) first, unless the caller holds one already (`admitted`, from
+        `self.admission.admit()`: the stream then owns it); closing the stream (or dropping it)
+        frees its slot."""
         config = self._config(config, overrides)
         if on_event is not None and not callable(on_event):
             raise InvalidConfigError(
@@ -210,7 +213,7 @@ class Ensemble:
                 f" (a {type(on_event).__name__}). Pass e.g. on_event=print, or on_event=lambda e: "
                 "print(e.to_dict())."
             )
-        return self._start(normalize_messages(messages), config, on_event)
+        return self._start(normalize_messages(messages), config, on_event, admitted)
 
     def generate(
         self,
@@ -327,21 +330,27 @@ class Ensemble:
             )
         return dataclasses.replace(config, **overrides)
 
-    def _start(self, messages, config: GenerationConfig, on_event: OnEvent) -> RequestStream:
-        """A request's own member views and method copy, with every prompt rendered."""
+    def _start(
+        self, messages, config: GenerationConfig, on_event: OnEvent, admitted: Slot | None
+    ) -> RequestStream:
+        """A request's own member views and method copy, with every prompt rendered, and what
+        the method is for this request (`stats.method_summary`)."""
         cancel = threading.Event()
         members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
         algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
         if len(algorithm.active) > 1:  # trust weighs members that decide together
             algorithm = self._trusted(algorithm, request)
+        request.stats.method_summary = {**algorithm.summary(), **self.trust.summary()}
+        if request.stats.member_weights:
+            request.stats.method_summary["member_weights"] = dict(request.stats.member_weights)
         tools = config.tools if config.calls_tools else ()
         for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
                 messages, tools, config.response_format, config.constraint
             )
-        run = _Run(self, members, algorithm, request)
-        return RequestStream(run.deltas(), members, cancel, self.admission)
+        run = _Run(self, members, algorithm, request, cancel, admitted)
+        return RequestStream(run.deltas(), members, cancel, self.admission, admitted)
 
     def _trusted(self, algorithm: Method, request: Request) -> Method:
         """The request's method under the member trust: members under the floor left out
@@ -363,12 +372,18 @@ class RequestStream(Iterator[Delta]):
     request's own member views (ids, text, cache), in the ensemble's order."""
 
     def __init__(
-        self, deltas: Iterator[Delta], members: list[Member], cancel: threading.Event, admission
+        self,
+        deltas: Iterator[Delta],
+        members: list[Member],
+        cancel: threading.Event,
+        admission: Admission,
+        admitted: Slot | None = None,
     ) -> None:
         self._deltas = deltas
         self.members = members
         self._cancel = cancel
         self._admission = admission
+        self._admitted = admitted
 
     def __iter__(self) -> RequestStream:
         return self
@@ -383,9 +398,12 @@ class RequestStream(Iterator[Delta]):
     def close(self) -> None:
         self._admission.resume(self)
         self._deltas.close()
+        if self._admitted is not None:  # a stream closed before its first step held it
+            self._admitted.release()
 
     def cancel(self) -> None:
         self._cancel.set()
+        self._admission.wake()  # a request waiting in the queue leaves it now
 
     def computing(self):
         """Count the calling thread as computing this request between its steps too (a worker
@@ -397,11 +415,21 @@ class RequestStream(Iterator[Delta]):
 class _Run:
     """One request in flight: the loop from commits to deltas, the member-failure policy."""
 
-    def __init__(self, ensemble: Ensemble, members, algorithm: Method, request: Request) -> None:
+    def __init__(
+        self,
+        ensemble: Ensemble,
+        members,
+        algorithm: Method,
+        request: Request,
+        cancel: threading.Event,
+        admitted: Slot | None,
+    ) -> None:
         self.ensemble = ensemble
         self.members = members
         self.algorithm = algorithm
         self.request = request
+        self.cancel = cancel
+        self.admitted = admitted
         self.started = time.perf_counter()
         self.calls: list[ToolCall | InvalidToolCall] = []  # every call of the response
         self.call_opened = 0  # stats.ensembled_tokens when the open call region began
@@ -409,7 +437,7 @@ class _Run:
         self.last_calls: list[ToolCall | InvalidToolCall] = []  # ...and the calls it closed
 
     def deltas(self) -> Iterator[Delta]:
-        with self.ensemble.admission.slot():
+        with self.admitted or self.ensemble.admission.admit(self.cancel):
             try:
                 for member in self.algorithm.active:  # the members' cache room, claimed first
                     member.reserve(self.request.config.max_new_tokens)

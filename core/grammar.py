@@ -96,11 +96,14 @@ class ConstraintError(EnsembleError):
 
 @dataclass(frozen=True)
 class Constraint:
-    """One request's language over the response text: an llguidance Lark grammar, and the key
-    that identifies it in the compiled-grammar caches."""
+    """One request's language over the response text: an llguidance Lark grammar, the key that
+    identifies it in the compiled-grammar caches, and for error messages what it is made of
+    (`what`: "the tools", "response_format", ...) and its largest tool (`largest`)."""
 
     key: str
     grammar: str
+    what: str = "the constraint"
+    largest: str | None = None
 
 
 def _lark_string(text: str) -> str:
@@ -166,8 +169,16 @@ def build_constraint(
         if calls and response_format
         else ("the tools" if calls else "response_format")
     )
-    check_grammar(grammar, what)
-    return Constraint(hashlib.sha256(grammar.encode()).hexdigest(), grammar)
+    largest = _largest_tool(chosen) if calls else None
+    check_grammar(grammar, what, largest)
+    return Constraint(hashlib.sha256(grammar.encode()).hexdigest(), grammar, what, largest)
+
+
+def _largest_tool(tools: Sequence[ToolSpec]) -> str:
+    """The tool with the largest parameters schema, named for an error about size."""
+    sizes = [(len(json.dumps(t.parameters, ensure_ascii=False)), t.name) for t in tools]
+    size, name = max(sizes)
+    return f"tool {name!r} ({size:,} characters of parameters)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,7 +256,16 @@ class _Compiled:
             grammar = grammar.replace(_START, _START_AFTER_DUMMY_SPACE, 1)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise InvalidConfigError(explain("the constraint", matcher.get_error()))
+            message = matcher.get_error()
+            raise InvalidConfigError(explain(constraint.what, message, constraint.largest))
+        probe = matcher.deep_copy()  # the first mask: a language with no text at all fails here
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise InvalidConfigError(
+                f"{constraint.what} admits no text at all (the grammar compiler says: "
+                f"{probe.get_error().strip().splitlines()[0]}); a schema whose $ref only refers "
+                "to itself has no valid value: fix the schema."
+            )
         with self._lock:
             self._templates[constraint.key] = matcher
             while len(self._templates) > _COMPILED_PER_VOCAB:
@@ -347,7 +367,11 @@ class Matcher:
         if self._native.is_error():
             message = self._native.get_error().strip().splitlines()[0]
             self._dirty = True  # rebuilt on the next call
-            raise ConstraintError(f"the grammar matcher failed: {message}")
+            raise ConstraintError(
+                f"{self.constraint.what} cannot be followed: the grammar matcher failed "
+                f"({message}); a schema that admits no value (a $ref that only refers to "
+                "itself, say) has none to write: fix the schema."
+            )
 
     def follow(self, ids: Sequence[int]) -> None:
         """Make the state "after exactly `ids`": roll back to the common prefix with the ids

@@ -172,4 +172,4 @@ class ResponseRecord:
         for call in delta.tool_calls:
             (self.calls if isinstance(call, ToolCall) else self.invalid_calls).append(call)
         if delta.stats is not None:
-            self.summary = request_summary(self.ensemble.summary(), delta.stats, self.events)
+            self.summary = request_summary(delta.stats, self.events)

@@ -75,11 +75,21 @@ def json_rule(schema: dict) -> str:
 _FORMATS = "date-time, time, date, duration, email, hostname, ipv4, ipv6, uuid, uri"
 
 
-def explain(what: str, message: str) -> str:
-    """llguidance's compile error as a sentence that names the feature and the fix."""
+_TOO_LARGE = ("too big", "too large", "symbols.len()", "limit for this grammar", "too many")
+
+
+def explain(what: str, message: str, largest: str | None = None) -> str:
+    """llguidance's compile error as a sentence that names the feature and the fix (`largest`:
+    the largest tool, named when the grammar is too large as a whole)."""
     first = message.strip().splitlines()[0] if message.strip() else message
     reason = re.sub(r"^at \d+\(\d+\):\s*", "", first)
-    reason = reason.replace("failed to compile JSON schema: ", "")
+    reason = reason.replace("failed to compile JSON schema: ", "").removeprefix("panic: ")
+    if any(marker in reason for marker in _TOO_LARGE):
+        named = f"; the largest is {largest}" if largest else ""
+        return (
+            f"{what} make a grammar too large for the grammar compiler ({reason}): offer fewer "
+            f"tools or smaller schemas{named}."
+        )
     keys = re.match(r"Unimplemented keys: \[(.*)\]", reason)
     if keys:
         names = ", ".join(repr(k.strip().strip('"')) for k in keys.group(1).split(","))
@@ -101,10 +111,10 @@ def explain(what: str, message: str) -> str:
     return f"{what} cannot be enforced by the grammar compiler ({reason}); simplify that part."
 
 
-def check_grammar(grammar: str, what: str) -> None:
+def check_grammar(grammar: str, what: str, largest: str | None = None) -> None:
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise InvalidConfigError(explain(what, messages[0] if messages else ""))
+        raise InvalidConfigError(explain(what, messages[0] if messages else "", largest))
 
 
 MAX_SCHEMA_DEPTH = 128  # JSON nesting of a schema (where llguidance's own parser stops, about)

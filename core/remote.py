@@ -728,7 +728,7 @@ def _message(payload: bytes) -> str:
     """The error message in a server's error answer (its body when it has none)."""
     try:
         data = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return payload.decode(errors="replace")
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):

@@ -39,6 +39,7 @@ class Sampler:
         if self.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < self.top_p
+            keep[0] = True  # the likeliest always: a top_p below float32's range keeps it alone
             mask = torch.zeros_like(probs, dtype=torch.bool)
             mask[order[keep]] = True
             probs = torch.where(mask, probs, torch.zeros_like(probs))

@@ -12,19 +12,20 @@ from .config import Stats
 from .events import EnsemblePoint, Event, json_safe
 
 
-def request_summary(method_summary: dict, stats: Stats, events: Iterable[Event]) -> dict:
-    """`method_summary` is `Ensemble.summary()` (method, members, method settings).
-
-    Adds: output `tokens`, `ensembled_tokens` and E/T (`ensemble_rate`), SpecEM's
+def request_summary(stats: Stats, events: Iterable[Event]) -> dict:
+    """The method as the request ran it (`stats.method_summary`: method, members, method
+    settings, recorded when the request started, so an answer never describes the request
+    after it). Adds: output `tokens`, `ensembled_tokens` and E/T (`ensemble_rate`), SpecEM's
     `ensembled_rounds` (see `Stats`), `input_tokens` (see
     `Stats.input_tokens`) and each member's `prompt_tokens`, SpecEM's `winners` (verified rounds
     won per member: a round where every drafter wrote the same text credits no one) and
     `weights`, the member trust the request started with (`member_weights`: the ensemble's
-    trust settings come with `method_summary`), SAFE's `ensemble_points` (output positions
+    trust settings come with the method summary), SAFE's `ensemble_points` (output positions
     where it ensembled), the method's `counts`, and `seconds`. Winners and points are empty for
     methods without them."""
     winners = {k.removeprefix("won/"): v for k, v in stats.counts.items() if k.startswith("won/")}
     points = [event.position for event in events if isinstance(event, EnsemblePoint)]
+    method_summary = stats.method_summary
     return json_safe(
         {
             **method_summary,

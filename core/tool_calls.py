@@ -70,18 +70,28 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class InvalidToolCall:
-    """A call region that could not be read as a call (LangChain's `invalid_tool_calls`)."""
+    """A call region that could not be read as a call (LangChain's `invalid_tool_calls`);
+    `cut` when the response ended inside it (its token limit), as OpenAI's partial calls do."""
 
     id: str
     name: str | None
     arguments: str  # the raw text, for the user to see or repair
     error: str
+    cut: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments, "error": self.error}
 
+    @property
+    def partial_arguments(self) -> str:
+        """The arguments as far as they were written (the JSON after `"arguments": `), as
+        OpenAI returns a call cut by max_tokens; "" when the call was cut before them."""
+        found = _ARGUMENTS_START.search(self.arguments)
+        return self.arguments[found.end() :] if found else ""
+
 
 _NAME_IN_BROKEN_JSON = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
+_ARGUMENTS_START = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 MAX_ARGUMENT_DEPTH = 64  # nesting a call's arguments may have (deeper: an invalid call)
 
 
@@ -270,6 +280,7 @@ class ToolCallStream:
             raw,
             f"the call was cut off before {TOOL_CALL_END} (the response reached its token "
             "limit); raise max_tokens (max_new_tokens)",
+            cut=True,
         )
 
 

@@ -27,6 +27,8 @@ def parse(body: bytes) -> Any:
         return json.loads(body)
     except ValueError:  # UnicodeDecodeError included
         raise BadAnswer(f"a body that is not JSON (it starts with {body[:60]!r})") from None
+    except RecursionError:
+        raise BadAnswer("JSON nested deeper than Python can read") from None
 
 
 def served_models(data: Any) -> dict[str, dict]:

@@ -38,6 +38,7 @@ LIMITS = {
 }
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 USER = {"role": "user", "content": "Tom has 7 apples and buys 5 more. How many does he have?"}
 ADD = TOOL_SPECS["add"]
 _DROP = object()
@@ -52,6 +53,20 @@ def chat(**changes: Any) -> dict[str, Any]:
         else:
             body[name] = value
     return body
+
+
+def response(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "ensemble", "input": USER["content"], "max_output_tokens": 16}
+    body.update(changes)
+    return body
+
+
+_CALLED = {
+    "role": "assistant",
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 7}'}}
+    ],
+}
 
 
 def completion(**changes: Any) -> dict[str, Any]:
@@ -350,6 +365,109 @@ ROWS: list[Row] = [
             }
         ),
     ),  # fmt: skip
+    Row(
+        "a tool schema with a lone surrogate",
+        400,
+        None,
+        "tools[0].function.parameters",
+        body=b'{"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], "tools": '
+        b'[{"type": "function", "function": {"name": "add", "parameters": {"type": "object", '
+        b'"properties": {"a\\ud800": {"type": "integer"}}}}}]}',
+    ),
+    Row(
+        "a response_format with a lone surrogate",
+        400,
+        None,
+        "response_format",
+        body=b'{"model": "ensemble", "messages": [{"role": "user", "content": "hi"}], '
+        b'"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": '
+        b'{"type": "string", "enum": ["\\ud800"]}}}}',
+    ),
+    Row(
+        "a schema whose $ref only refers to itself",
+        422,
+        "unsupported",
+        None,
+        body=chat(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"a": {"$ref": "#/$defs/x"}},
+                        "required": ["a"],
+                        "$defs": {"x": {"$ref": "#/$defs/x"}},
+                    },
+                },
+            }
+        ),
+    ),
+    Row(
+        "a tool message without a tool_call_id",
+        400,
+        None,
+        "messages[2].tool_call_id",
+        body=chat(messages=[USER, _CALLED, {"role": "tool", "content": "12"}]),
+    ),
+    Row(
+        "a tool message answering no call",
+        400,
+        None,
+        "messages[2].tool_call_id",
+        body=chat(
+            messages=[USER, _CALLED, {"role": "tool", "tool_call_id": "c9", "content": "12"}]
+        ),
+    ),
+    # the Responses API
+    Row(
+        "previous_response_id on a stateless server",
+        400,
+        "previous_response_not_found",
+        "previous_response_id",
+        body=response(previous_response_id="resp_123"),
+        path=RESPONSES,
+    ),
+    Row(
+        "a function_call_output answering no call",
+        400,
+        None,
+        "input[0].call_id",
+        body=response(input=[{"type": "function_call_output", "call_id": "c9", "output": "1"}]),
+        path=RESPONSES,
+    ),
+    Row(
+        "an input image",
+        422,
+        "unsupported",
+        "input[0].content",
+        body=response(input=[{"role": "user", "content": [{"type": "input_image"}]}]),
+        path=RESPONSES,
+    ),
+    Row(
+        "a built-in tool",
+        422,
+        "unsupported",
+        "tools",
+        body=response(tools=[{"type": "web_search"}]),
+        path=RESPONSES,
+    ),
+    Row(
+        "store asked of the Responses API",
+        422,
+        "unsupported",
+        "store",
+        body=response(store=True),
+        path=RESPONSES,
+    ),  # fmt: skip
+    Row(
+        "an unknown Responses field",
+        400,
+        None,
+        "messages",
+        body=response(messages=[USER]),
+        path=RESPONSES,
+    ),
     # completions
     Row(
         "a completion prompt of token ids",

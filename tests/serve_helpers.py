@@ -73,3 +73,48 @@ def reference(ensemble, body: dict, default_max_tokens: int = 2048) -> Output:
 
 def calls_of(output: Output) -> list[tuple[str, dict]]:
     return [(c.name, c.arguments) for c in output.tool_calls]
+
+
+def responses_reference(ensemble, body: dict, default_max_tokens: int = 2048) -> Output:
+    """What the ensemble writes in process for the Responses API request `body`, read field by
+    field here: `instructions` as the system message, message items as messages, function
+    calls as the assistant's tool calls, their outputs as tool messages."""
+    messages = (
+        [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+    )
+    given = body["input"]
+    for item in [{"role": "user", "content": given}] if isinstance(given, str) else given:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item["content"]
+            if isinstance(content, list):
+                content = "".join(part["text"] for part in content)
+            role = "system" if item["role"] == "developer" else item["role"]
+            messages.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        else:
+            messages.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
+    choice = body.get("tool_choice") or "auto"
+    if isinstance(choice, dict):
+        choice = choice["name"]
+    fmt = (body.get("text") or {}).get("format")
+    if fmt and fmt["type"] == "json_schema":
+        fmt = {"type": "json_schema", "json_schema": {"name": fmt["name"], "schema": fmt["schema"]}}
+    config = GenerationConfig(
+        max_new_tokens=body.get("max_output_tokens") or default_max_tokens,
+        temperature=body.get("temperature") or 0.0,
+        top_p=body.get("top_p") or 1.0,
+        tools=tuple({k: v for k, v in t.items() if k != "strict"} for t in body.get("tools") or ()),
+        tool_choice=choice,
+        parallel_tool_calls=body.get("parallel_tool_calls", True),
+        response_format=fmt,
+    )
+    return ensemble.generate(messages, config)

@@ -248,3 +248,38 @@ def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(method):
             {"role": "assistant", "content": text},
             {"role": "user", "content": f"And then? (turn {turn + 2})"},
         ]
+
+
+def test_a_slot_taken_first_belongs_to_the_stream_it_is_handed_to(tiny_members):
+    ens = Ensemble(tiny_members[:1], "single", max_concurrency=1, max_queue=0)
+    slot = ens.admission.admit()
+    assert ens.admission.running == 1
+    ens.stream("hi", admitted=slot, max_new_tokens=2).close()  # closed before its first step
+    assert ens.admission.running == 0
+    slot = ens.admission.admit()
+    deltas = list(ens.stream("hi", admitted=slot, max_new_tokens=2))
+    assert deltas[-1].finish_reason and ens.admission.running == 0
+
+
+def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(tiny_members):
+    from core.errors import RequestCancelled
+
+    ens = Ensemble(tiny_members[:1], "single", max_concurrency=1, max_queue=1, queue_timeout=600)
+    held = ens.admission.admit()
+    stream = ens.stream("hi", max_new_tokens=2)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            next(stream)
+        except BaseException as error:
+            raised.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert ens.admission.wait_until(lambda: ens.admission.waiting == 1, 30)
+    stream.cancel()  # long before queue_timeout
+    assert ens.admission.wait_until(lambda: ens.admission.waiting == 0, 30)
+    waiter.join(30)
+    held.release()
+    assert isinstance(raised[0], RequestCancelled) and ens.admission.running == 0

@@ -253,6 +253,37 @@ def test_unsupported_schema_features_name_the_feature():
             build_constraint((), "auto", True, schema)
 
 
+def test_tools_too_large_together_are_refused_naming_the_largest(vocabs):
+    """Six tools that each compile, together past the compiler's symbol limit: a clear error
+    (not the compiler's assertion as it is) that names the largest tool."""
+    arrays = {f"s{i}": {"type": "array", "items": {"type": "integer"}, "minItems": 1,
+                        "maxItems": 1000} for i in range(400)}  # fmt: skip
+    tools = normalize_tools(
+        [
+            {"name": f"t{i}", "parameters": {"type": "object", "properties": arrays}}
+            for i in range(6)
+        ]
+    )
+    constraint = build_constraint(tools, "required", True, None)
+    vocab, stops = next(iter(vocabs.values()))
+    with pytest.raises(InvalidConfigError) as refused:
+        Matcher(constraint, vocab, stops)
+    message = str(refused.value)
+    assert message.startswith("the tools make a grammar too large for the grammar compiler")
+    assert "offer fewer tools or smaller schemas; the largest is tool 't" in message
+    assert "panic" not in message
+
+
+def test_a_schema_with_no_valid_value_is_refused_when_compiled(vocabs):
+    cycle = {"$ref": "#/$defs/x", "$defs": {"x": {"$ref": "#/$defs/x"}}}
+    constraint = build_constraint((), "auto", True, cycle)
+    for vocab, stops in vocabs.values():
+        if vocab.dummy_prefix:  # its optional leading space is text: the request's first step
+            continue  # fails instead (the server answers 422 either way)
+        with pytest.raises(InvalidConfigError, match="response_format admits no text at all"):
+            Matcher(constraint, vocab, stops)
+
+
 # --------------------------------------------------------------------------------------------
 # The tool-call languages.
 

@@ -502,6 +502,18 @@ def test_url_credentials_authenticate_and_never_show(servers):
         assert PASSWORD not in str(error.value)
 
 
+def test_basic_credentials_echoed_in_base64_never_show(locked):
+    import base64
+
+    spec = Remote(
+        f"http://alice:{PASSWORD}@127.0.0.1:{locked.port}/v1", tokenizer=locked.root, retries=0
+    )
+    with pytest.raises(ServerError, match=r"answered 401: Unauthorized") as refused:
+        connect(spec)  # the server echoes the Basic header it got
+    token = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+    assert token.rstrip("=") not in str(refused.value) and PASSWORD not in str(refused.value)
+
+
 def test_server_errors_are_quoted_short_and_without_the_key(locked):
     wrong = "sk-test-wrong-and-secret"
     with pytest.raises(ServerError, match=r"answered 401: Unauthorized") as refused:
@@ -568,6 +580,7 @@ def test_invalid_scores_fail_the_member(fault, servers, remotes):
         (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": 0}]}', "max_model_len=0"),
         (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": -5}]}', "max_model_len=-5"),
         (b'{"data": [{"id": "tb-gpt2-bpe", "max_model_len": "4k"}]}', "max_model_len='4k'"),
+        (b"[" * 60_000 + b"]" * 60_000, "nested deeper than Python can read"),
     ],
 )
 def test_invalid_model_lists_fail_at_connection(answer, what, servers):

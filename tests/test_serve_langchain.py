@@ -129,3 +129,12 @@ def test_create_agent_with_tools_and_a_response_format(served, bodies):
         assert body["response_format"]["type"] == "json_schema"
         expected = reference(served[2], body)
         assert reply.content == expected.text and _calls(reply) == calls_of(expected)
+
+
+def test_a_call_cut_by_max_tokens_is_an_invalid_tool_call(served, bodies):
+    bound = _chat(served, bodies, max_tokens=26).bind_tools([add_numbers], tool_choice="any")
+    message = bound.invoke(make_problems(1, seed=5, form="tool")[0].messages)
+    assert message.response_metadata["finish_reason"] == "length"
+    assert not message.tool_calls
+    [invalid] = message.invalid_tool_calls
+    assert invalid["name"] == "add_numbers" and invalid["args"].startswith("{")

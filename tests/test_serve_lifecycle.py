@@ -76,6 +76,17 @@ def test_a_bad_config_file_is_named(tmp_path, text, problem):
     assert problem in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "text", ["", "# keys go here\n\n  # none yet\n"], ids=["empty", "comments"]
+)
+def test_a_key_file_without_keys_refuses_to_start(tmp_path, capsys, monkeypatch, text):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    keys = tmp_path / "keys"
+    keys.write_text(text)
+    assert main(["serve", "--api-key-file", str(keys), "--model", "x"]) == 2
+    assert "holds no key (it is empty or all comments)" in capsys.readouterr().err
+
+
 def test_an_open_address_without_a_key_is_refused(capsys, monkeypatch):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--model", "x"]) == 2

@@ -307,3 +307,31 @@ def test_a_client_that_leaves_frees_its_slot_at_the_next_pass(served, stream):
         json={"model": "ensemble", "messages": PROBLEMS[1].messages, "max_tokens": 4},
     )
     assert after.status_code == 200
+
+
+def test_a_call_cut_by_max_tokens_comes_back_partial_as_openais_does(served, client, bodies):
+    request = {
+        "model": "ensemble",
+        "messages": TOOL_PROBLEMS[0].messages,
+        "tools": [TOOL_SPECS["add"], TOOL_SPECS["multiply"]],
+        "tool_choice": "required",
+        "max_tokens": 20,
+    }
+    answer = client.chat.completions.create(**request)
+    expected = reference(served[2], bodies.last)
+    cut = expected.invalid_tool_calls[0]
+    assert expected.finish_reason == "length" and cut.partial_arguments
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == (cut.name, cut.partial_arguments)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+    assert answer.model_extra["ensemble"]["invalid_tool_calls"][0]["name"] == cut.name
+
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+        (0, cut.name, cut.partial_arguments)
+    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"

@@ -209,6 +209,25 @@ def test_the_most_trusted_member_drafts_unless_a_drafter_is_given(shipped_member
     assert {e.member for e in out.events if e.name == "draft"} == {names[0]}
 
 
+@needs_trained
+def test_an_answer_names_the_drafter_it_used_when_trust_moves_meanwhile(shipped_members, tmp_path):
+    from core.integration import ResponseRecord
+
+    names = [m.name for m in shipped_members]
+    path = _write(tmp_path, {"weights": dict(zip(names, [0.3, 0.45, 0.25], strict=True))})
+    ens = Ensemble(list(shipped_members), "safe")
+    record = ResponseRecord(ens)  # what both adapters keep of a request
+    stream = ens.stream(make_problems(1, seed=3, form="cot")[0].messages, max_new_tokens=24)
+    record.add(next(stream))
+    ens.load_weights(path)  # the next request would draft with names[1]...
+    for delta in stream:
+        record.add(delta)
+    assert ens.summary()["drafter"] == names[1]
+    assert record.summary["drafter"] == names[0]  # ...this one drafted with names[0]
+    assert record.summary["member_weights"] == pytest.approx({n: 1 / 3 for n in names})
+    assert list(delta.stats.prompt_tokens)[0] == names[0]
+
+
 def test_token_weights_option_and_trust_multiply(trio, tmp_path):
     """A member the trust weighs down loses the vote it would win with equal trust."""
     right, _, wrong = trio

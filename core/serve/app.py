@@ -1,17 +1,20 @@
-"""The ASGI app: routes, the request's edge (host, key, readiness, body), and the answer.
+"""The ASGI app: routes, the request's edge (host, key, readiness, the body's bytes), and the
+endpoints, each of which hands its request to `core.serve.jobs` with its API's translator and
+answer (`core.serve.chat`, `core.serve.responses`).
 
-One `Ensemble`, loaded once, serves every request; each request runs on a worker thread
-(`Ensemble.stream` driven by `core.concurrency.iterate_in_thread`), so the event loop only moves
-bytes, and concurrent requests share batched forward passes as they do in process. A client that
-leaves (a closed stream or a dropped connection, while waiting or while generating) cancels its
-request, which stops at its next forward pass and frees its slot.
+One `Ensemble`, loaded once, serves every request; each request is prepared and runs on threads
+of its own (`core.serve.jobs`), so the event loop only moves bytes, and concurrent requests
+share batched forward passes as they do in process. A client that leaves (a closed stream or a
+dropped connection, while waiting or while generating) cancels its request, which leaves the
+queue at once or stops at its next forward pass, and frees its slot. No endpoint reads a query
+string, so none is kept in the request (nor written to the access log): a key sent in one is
+refused, and never logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import secrets
@@ -21,38 +24,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from core.concurrency import iterate_in_thread
-from core.config import Output
 from core.ensemble import Ensemble
-from core.errors import EnsembleError, MemberError
-from core.summary import request_summary
+from core.errors import EnsembleError
 
 from .auth import Keys, check_host
-from .errors import APIError, bad_request, from_engine, internal
+from .chat import ChatAnswer, chat_job, completion_job
+from .errors import APIError, internal
+from .jobs import ClientGone, engine_failure, prepare, respond
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import (
-    Answer,
-    Request,
-    chat_request,
-    completion_request,
-    invalid_calls,
-    merged,
-)
+from .responses import ResponsesAnswer, responses_job
 from .settings import Limits, ServeSettings
 
 log = logging.getLogger("llm_ensembling.serve")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 RETRY_AFTER_LOADING = 5
-
-
-class ClientGone(Exception):
-    """The client closed its connection before the answer was ready."""
+_ENDPOINTS = (
+    "/v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health and /metrics"
+)
 
 
 class Lifecycle:
@@ -100,19 +93,15 @@ class EnsembleApp:
         self._load = load
         self._on_load_failure = on_load_failure
         self.metrics = Metrics(self._running, self._waiting)
+        post = ["POST"]
         routes = [
             Route("/health", self._route("health", self.health, key=False, ready=False)),
             Route("/metrics", self._route("metrics", self.prometheus, ready=False)),
             Route("/v1/models", self._route("models", self.models)),
             Route("/v1/models/{name:path}", self._route("models", self.model)),
-            Route(
-                "/v1/chat/completions",
-                self._route("chat", self.chat_completions),
-                methods=["POST"],
-            ),
-            Route(
-                "/v1/completions", self._route("completions", self.completions), methods=["POST"]
-            ),
+            Route("/v1/chat/completions", self._route("chat", self.chat), methods=post),
+            Route("/v1/completions", self._route("completions", self.completions), methods=post),
+            Route("/v1/responses", self._route("responses", self.responses), methods=post),
         ]
         self.starlette = Starlette(
             routes=routes,
@@ -127,6 +116,7 @@ class EnsembleApp:
         sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         request_id = sent if _REQUEST_ID.match(sent) else "req_" + secrets.token_hex(12)
         scope.setdefault("state", {})["request_id"] = request_id
+        scope["query_string"] = b""  # read by no endpoint; never logged (a key may be in it)
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
@@ -206,7 +196,8 @@ class EnsembleApp:
             except APIError as error:
                 response = _error_response(error)
             except EnsembleError as error:
-                response = self._engine_error(error)
+                failure = engine_failure(error, request.state.request_id, self.metrics)
+                response = _error_response(failure)
             except ClientGone:
                 self.metrics.cancelled.inc()
                 response = Response(status_code=499)  # nginx's "client closed request"
@@ -224,11 +215,6 @@ class EnsembleApp:
         self.metrics.requests.labels(endpoint, str(status)).inc()
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
 
-    def _engine_error(self, error: EnsembleError) -> Response:
-        if isinstance(error, MemberError) and error.member:
-            self.metrics.member_failures.labels(error.member).inc()
-        return _error_response(from_engine(error))
-
     async def _http_error(self, request: HTTPRequest, error: HTTPException) -> Response:
         if error.status_code == 405:
             api = APIError(
@@ -240,14 +226,15 @@ class EnsembleApp:
             api = APIError(
                 error.status_code,
                 f"no such endpoint: {request.method} {request.url.path}; this server has "
-                "/v1/chat/completions, /v1/completions, /v1/models, /health and /metrics.",
+                f"{_ENDPOINTS}.",
                 code="unknown_url",
             )
         self._count("unknown", api.status, time.perf_counter())
         return _error_response(api)
 
-    async def _body(self, request: HTTPRequest) -> dict[str, Any]:
-        """The JSON object of the body, within the size limit, UTF-8, finite numbers only."""
+    async def _body(self, request: HTTPRequest) -> bytes:
+        """The body's bytes, sent as JSON, within the size limit and the body timeout (the JSON
+        itself is read once the request holds a slot: `core.serve.jobs`)."""
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind != "application/json":
             raise APIError(
@@ -265,42 +252,35 @@ class EnsembleApp:
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise too_large
-        raw = bytearray()
-        async for piece in request.stream():
-            raw += piece
-            if len(raw) > limit:
-                raise too_large
+
+        async def read() -> bytes:
+            raw = bytearray()
+            async for piece in request.stream():
+                raw += piece
+                if len(raw) > limit:
+                    raise too_large
+            return bytes(raw)
+
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise bad_request(
-                f"the body is not UTF-8: byte {raw[error.start]:#04x} at offset {error.start}.",
-                code="invalid_encoding",
+            return await asyncio.wait_for(read(), self.settings.body_timeout)
+        except asyncio.TimeoutError:
+            raise APIError(
+                408,
+                f"the body did not arrive within {self.settings.body_timeout:g} s (the "
+                "server's --body-timeout); send it at once.",
+                code="request_timeout",
+                headers={"Connection": "close"},
             ) from None
-        try:
-            body = json.loads(text, parse_constant=_no_constant)
-        except json.JSONDecodeError as error:
-            raise bad_request(
-                f"the body is not valid JSON: {error.msg} at line {error.lineno}, column "
-                f"{error.colno}.",
-                code="invalid_json",
-            ) from None
-        except (RecursionError, ValueError) as error:
-            raise bad_request(
-                f"the body is not valid JSON: {error}.", code="invalid_json"
-            ) from None
-        if not isinstance(body, dict):
-            raise bad_request("the body must be a JSON object.", code="invalid_json")
-        return body
 
     # --- endpoints ---------------------------------------------------------------------------
 
-    async def health(self, _request: HTTPRequest) -> Response:
+    async def health(self, request: HTTPRequest) -> Response:
+        """The phase; a failed load's error only to a caller with a key (it may name paths)."""
         phase = self.lifecycle.phase
         body: dict[str, Any] = {"status": phase}
         if phase == "ready":
             return JSONResponse({**body, "models": list(self.settings.names)})
-        if self.lifecycle.error:
+        if self.lifecycle.error and self.keys.accepts(request.headers.get("authorization")):
             body["error"] = self.lifecycle.error
         headers = {"Retry-After": str(RETRY_AFTER_LOADING)} if phase == "loading" else None
         return JSONResponse(body, status_code=503, headers=headers)
@@ -333,128 +313,27 @@ class EnsembleApp:
             )
         return JSONResponse(self._model_entry(name))
 
-    async def chat_completions(self, request: HTTPRequest) -> Response:
-        body = await self._body(request)
-        return await self._answer(request, chat_request(body, self.settings.names, self.limits))
+    async def chat(self, request: HTTPRequest) -> Response:
+        return await self._answer(request, "chat", chat_job, ChatAnswer)
 
     async def completions(self, request: HTTPRequest) -> Response:
-        body = await self._body(request)
-        translated = completion_request(body, self.settings.names, self.limits)
-        return await self._answer(request, translated)
+        return await self._answer(request, "completions", completion_job, ChatAnswer)
 
-    # --- answering ---------------------------------------------------------------------------
+    async def responses(self, request: HTTPRequest) -> Response:
+        return await self._answer(request, "responses", responses_job, ResponsesAnswer)
 
-    async def _answer(self, http: HTTPRequest, request: Request) -> Response:
+    async def _answer(self, http: HTTPRequest, endpoint: str, translate, answer) -> Response:
+        raw = await self._body(http)
         ensemble = self.lifecycle.require()
         started = time.perf_counter()
-        stream = await asyncio.to_thread(ensemble.stream, request.messages, request.config)
-        deltas = iterate_in_thread(stream, batched=True)  # a slow socket catches up at once
-        answer = Answer(request)
-        if not request.stream:
-            deltas_list = await _unless_gone(http, _collect(deltas), deltas)
-            out = Output.from_deltas(deltas_list)
-            self.metrics.finished(out.stats)
-            details = self._details(ensemble, out.stats, out.events, out.invalid_tool_calls)
-            body = answer.whole(out.text, out.finish_reason, out.stats, out.tool_calls, details)
-            return JSONResponse(body)
-        first = await _unless_gone(http, anext(deltas), deltas)  # a busy queue is still a 429
-        chunks = self._sse(ensemble, answer, first, deltas, http.state.request_id, started)
-        return StreamingResponse(
-            chunks,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            background=BackgroundTask(chunks.aclose),  # a client that left closes it here
-        )
+        names, limits = self.settings.names, self.limits
+        job, stream = await prepare(http, ensemble, raw, lambda b: translate(b, names, limits))
 
-    def _details(self, ensemble: Ensemble, stats, events, calls) -> dict[str, Any]:
-        """The extra `ensemble` field: what the method did (E/T, points or winners, weights),
-        the members that left the request, and calls cut off at the token limit."""
-        details = request_summary(ensemble.summary(), stats, events)
-        details["failed"] = dict(stats.failed)
-        details["invalid_tool_calls"] = invalid_calls(calls)
-        return details
+        def count(status: int) -> None:
+            self._count(endpoint, status, started)
 
-    async def _sse(
-        self, ensemble, answer: Answer, first, deltas, request_id: str, started: float
-    ) -> AsyncIterator[bytes]:
-        events: list = []
-        status = "200"
-        finished = False
-        try:
-            opening = answer.first_chunk()
-            if opening is not None:
-                yield _event(opening)
-            delta = merged(first)
-            while True:
-                events.extend(delta.events)
-                details = None
-                if delta.finish_reason is not None:
-                    details = self._details(ensemble, delta.stats, events, delta.tool_calls)
-                    self.metrics.finished(delta.stats)
-                for chunk in answer.chunks(delta, details):
-                    yield _event(chunk)
-                if delta.finish_reason is not None:
-                    break
-                delta = merged(await anext(deltas))
-            finished = True
-            yield b"data: [DONE]\n\n"
-        except EnsembleError as error:
-            failure = from_engine(error)
-            status = str(failure.status)
-            if isinstance(error, MemberError) and error.member:
-                self.metrics.member_failures.labels(error.member).inc()
-            yield _event(failure.body())
-        except Exception:
-            log.exception("request %s failed while streaming", request_id)
-            status = "500"
-            yield _event(internal(request_id).body())
-        finally:
-            await deltas.aclose()
-            if not finished and status == "200":
-                status = "499"
-                self.metrics.cancelled.inc()
-            self._count("chat" if answer.request.chat else "completions", int(status), started)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON number; send finite numbers")
-
-
-def _event(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        return await respond(http, job, stream, answer(job), self.metrics, count)
 
 
 def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-async def _collect(batches: AsyncIterator) -> list:
-    return [delta async for batch in batches for delta in batch]
-
-
-async def _unless_gone(http: HTTPRequest, work: Awaitable, deltas: AsyncIterator):
-    """`work`'s result, or `ClientGone` (with the request cancelled) if the client leaves
-    first. The body has been read, so the next message on the connection is its end."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(http))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            await deltas.aclose()
-        gone.cancel()
-    if not task.done() or task.cancelled():
-        raise ClientGone
-    try:
-        return task.result()
-    except BaseException:
-        await deltas.aclose()
-        raise
-
-
-async def _disconnected(http: HTTPRequest) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass

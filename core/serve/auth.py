@@ -24,15 +24,26 @@ class Keys:
     def required(self) -> bool:
         return bool(self._digests)
 
+    def _matches(self, token: str) -> bool:
+        given = hashlib.sha256(token.strip().encode("utf-8", "replace")).digest()
+        matched = False
+        for digest in self._digests:
+            matched |= hmac.compare_digest(given, digest)
+        return matched
+
+    def accepts(self, authorization: str | None) -> bool:
+        """Whether the header holds a served key (always, on a keyless server)."""
+        if not self._digests:
+            return True
+        scheme, _, token = (authorization or "").partition(" ")
+        return self._matches(token) and scheme.lower() == "bearer" and bool(token.strip())
+
     def check(self, authorization: str | None) -> None:
         """Raise a 401 unless the `Authorization: Bearer <key>` header holds a served key."""
         if not self._digests:
             return
         scheme, _, token = (authorization or "").partition(" ")
-        given = hashlib.sha256(token.strip().encode("utf-8", "replace")).digest()
-        matched = False
-        for digest in self._digests:
-            matched |= hmac.compare_digest(given, digest)
+        matched = self._matches(token)
         if scheme.lower() != "bearer" or not token.strip():
             raise APIError(
                 401,

@@ -36,6 +36,8 @@ def serve(args: argparse.Namespace) -> int:
             "grace_seconds": args.grace,
             "log_level": args.log_level,
             "threads": args.threads,
+            "header_timeout": args.header_timeout,
+            "body_timeout": args.body_timeout,
         },
         limits={name: getattr(args, name) for name in _LIMITS},
         api_keys=args.api_key,
@@ -78,6 +80,10 @@ def add_command(sub) -> None:
     p.add_argument("--grace", type=float, default=None, help="seconds to drain on SIGTERM")
     p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--header-timeout", type=float, default=None, help="seconds to send headers (10)"
+    )
+    p.add_argument("--body-timeout", type=float, default=None, help="seconds to send a body (30)")
     for name in _LIMITS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.set_defaults(func=serve)

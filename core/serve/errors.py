@@ -4,12 +4,12 @@
 the status (`BadRequestError` for 400, `AuthenticationError` for 401, `NotFoundError`,
 `UnprocessableEntityError`, `RateLimitError`, `InternalServerError`) and show the message.
 Statuses: 400 a malformed request (bad JSON, a wrong type, a value out of range, a field OpenAI
-does not define), 401 a missing or wrong key, 404 an unknown model or path, 413 a body or a part
-of it over a limit, 415 a body that is not JSON, 422 a well-formed request the ensemble cannot
-honour (`n > 1`, log-probabilities, a schema the grammar cannot enforce, images), 429 the queue
-is full, 503 loading or draining, 502/500 a member failed (the message names it). Nothing here
-ever carries a traceback: an unexpected error is logged on the server and answered with its
-request id.
+does not define), 401 a missing or wrong key, 404 an unknown model or path, 408 a body that did
+not arrive in time, 413 a body or a part of it over a limit, 415 a body that is not JSON, 422 a
+well-formed request the ensemble cannot honour (`n > 1`, log-probabilities, a schema the grammar
+cannot enforce, images), 429 the queue is full, 503 loading or draining, 502/500 a member
+failed (the message names it). Nothing here ever carries a traceback: an unexpected error is
+logged on the server and answered with its request id.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from core.errors import (
     MemberError,
     ServerError,
 )
+from core.grammar import ConstraintError
 
 _TYPES = {
     401: "authentication_error",
@@ -76,8 +77,12 @@ def unsupported(message: str, param: str | None = None) -> APIError:
     return APIError(422, message, param=param, code="unsupported")
 
 
-def from_engine(error: EnsembleError, param: str | None = None) -> APIError:
-    """The engine's own errors (they name the problem and the fix) as HTTP refusals."""
+def from_engine(
+    error: EnsembleError, param: str | None = None, request_id: str | None = None
+) -> APIError:
+    """The engine's own errors (they name the problem and the fix) as HTTP refusals. A member's
+    server failing is a 502 that names the member only: its URL and what its server said stay
+    in this server's log, under `request_id`."""
     message = str(error)
     if isinstance(error, EnsembleBusyError):
         return APIError(
@@ -90,10 +95,16 @@ def from_engine(error: EnsembleError, param: str | None = None) -> APIError:
         return APIError(400, message, param="messages", code="context_length_exceeded")
     if isinstance(error, InvalidMessagesError):
         return APIError(400, message, param=param or "messages", code="invalid_messages")
-    if isinstance(error, InvalidConfigError):
+    if isinstance(error, (InvalidConfigError, ConstraintError)):  # the request's own grammar
         return APIError(422, message, param=param, code="unsupported")
     if isinstance(error, ServerError):
-        return APIError(502, message, code="member_unavailable")
+        where = f" under request id {request_id}" if request_id else ""
+        return APIError(
+            502,
+            f"member {error.member!r} is unavailable: its server is down, too slow, or refused "
+            f"or failed the request; the details are in this server's log{where}.",
+            code="member_unavailable",
+        )
     if isinstance(error, MemberError):
         return APIError(500, message, code="member_failed")
     return APIError(500, message, code="ensemble_error")

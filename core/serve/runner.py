@@ -54,6 +54,56 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def header_deadline(seconds: float) -> type:
+    """uvicorn's HTTP protocol (httptools when installed, else h11), closing a connection whose
+    next request's headers have not all come `seconds` after it opened or after its last
+    answer: uvicorn waits for headers without a limit, so a client trickling them would hold a
+    connection open for ever. (The body's own limit is the app's: `--body-timeout`.)"""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:  # pragma: no cover - the serve extra brings httptools
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class HeaderDeadline(base):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._deadline = None
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._before = self.cycle  # a new cycle: the next request's headers are in
+            self._deadline = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            self._deadline = None
+            idle = self.cycle is None or self.cycle.response_complete  # none being answered
+            if idle and self.cycle is self._before and not self.transport.is_closing():
+                log.info("closed a connection whose headers took over %g s", seconds)
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._deadline is not None and self.cycle is not self._before:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
 def build(
     settings: ServeSettings,
     load: Callable[[], Ensemble] | None = None,
@@ -69,7 +119,7 @@ def build(
         app,
         host=settings.host,
         port=settings.port,
-        http="auto",  # httptools when installed (the serve extra brings it), else h11
+        http=header_deadline(settings.header_timeout),
         loop="asyncio",
         lifespan="on",
         log_level=settings.log_level,

@@ -28,6 +28,7 @@ max_tokens = 1024
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import sys
@@ -106,6 +107,8 @@ class ServeSettings:
     grace_seconds: float = 30.0  # in-flight requests may finish this long after SIGTERM
     log_level: str = "info"
     threads: int | None = None  # torch CPU threads (None: torch's default)
+    header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
+    body_timeout: float = 30.0  # seconds a request may take to send its body
 
     def __post_init__(self) -> None:
         if not self.names or any(not isinstance(n, str) or not n for n in self.names):
@@ -121,6 +124,10 @@ class ServeSettings:
             raise InvalidConfigError(f"threads={self.threads!r} must be a positive integer.")
         if not self.grace_seconds >= 0:
             raise InvalidConfigError(f"grace_seconds={self.grace_seconds!r} must be >= 0.")
+        for name in ("header_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidConfigError(f"{name}={value!r} must be seconds > 0.")
 
     def check_bind(self) -> None:
         """A server reachable from other machines must ask for a key."""
@@ -132,6 +139,7 @@ class ServeSettings:
             )
 
 
+@functools.lru_cache(maxsize=256)  # read on every request of a keyless server
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -154,7 +162,14 @@ def read_keys(
             raise InvalidConfigError(
                 f"cannot read the API key file {key_file!r}: {error.strerror}."
             ) from None
-        keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        found = [k for k in (line.strip() for line in lines) if k and not k.startswith("#")]
+        if not found:
+            raise InvalidConfigError(
+                f"the API key file {key_file!r} holds no key (it is empty or all comments); "
+                "put one key per line in it, or drop --api-key-file: a server told to read its "
+                "keys from a file does not start without any."
+            )
+        keys += found
     keys += [k.strip() for k in environ.get(API_KEY_ENV, "").split(",") if k.strip()]
     if any(not k for k in keys):
         raise InvalidConfigError("an API key is empty; give non-empty keys.")
@@ -164,6 +179,7 @@ def read_keys(
 _TOP = {f.name for f in dataclasses.fields(EnsembleSpec)}
 _SERVER = {
     "host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level", "threads",
+    "header_timeout", "body_timeout",
 }  # fmt: skip
 _LIMITS = {f.name for f in dataclasses.fields(Limits)}
 
