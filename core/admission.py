@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 from .batching import request_threads
-from .errors import EnsembleBusyError, InvalidConfigError, RequestCancelled
+from .errors import EnsembleBusyError, RequestCancelled
 from .kv import free_bytes
 
 _MAX_DEFAULT = 64  # the default never exceeds this many concurrent requests
@@ -256,22 +256,6 @@ class _SwitchInterval:
 
 _SWITCH_SECONDS = 0.0005
 _switches = _SwitchInterval()
-
-
-def check_admission(max_concurrency, max_queue, queue_timeout) -> None:
-    for name, value in (("max_concurrency", max_concurrency), ("max_queue", max_queue)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InvalidConfigError(f"{name}={value!r} must be a positive integer or None.")
-        if value is not None and value < (1 if name == "max_concurrency" else 0):
-            raise InvalidConfigError(f"{name}={value!r} is too small; e.g. {name}=8.")
-    if queue_timeout is not None and (
-        isinstance(queue_timeout, bool)
-        or not isinstance(queue_timeout, (int, float))
-        or not 0 < queue_timeout < float("inf")
-    ):
-        raise InvalidConfigError(
-            f"queue_timeout={queue_timeout!r} must be seconds > 0, or None (wait for a slot)."
-        )
 
 
 def default_concurrency(members: Sequence) -> int:

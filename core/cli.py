@@ -9,10 +9,16 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .cli_options import parse_options
+from .cli_options import add_option_flags, given_options, parse_options
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
+from .options import LOADING, REQUESTS
 from .serve.command import add_command as add_serve_command
+
+# The ensemble options `generate` offers: those that matter to one request (not concurrency,
+# nor trust learned across requests), and its own defaults for them.
+GENERATE_GROUPS = (LOADING, REQUESTS)
+GENERATE_DEFAULTS = {"progress": True}
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -27,14 +33,12 @@ def generate(args: argparse.Namespace) -> None:
 
     if not args.model:
         raise InvalidConfigError("generate needs at least one --model (a directory or hub id).")
-    ensemble = Ensemble.from_pretrained(
-        args.model,
-        args.method,
-        device=args.device,
-        dtype=args.dtype,
-        progress=True,
+    options = {
+        **GENERATE_DEFAULTS,
         **parse_options(args.option),
-    )
+        **given_options(args, GENERATE_GROUPS),
+    }
+    ensemble = Ensemble.from_pretrained(args.model, args.method, **options)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         stop=tuple(args.stop),
@@ -92,9 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
     p.add_argument("--events", action="store_true", help="print ensemble events to stderr")
+    add_option_flags(p, GENERATE_GROUPS, GENERATE_DEFAULTS)
     p.set_defaults(func=generate)
 
     add_serve_command(sub)

@@ -1,12 +1,15 @@
-"""`--option key=value` pairs as Python values: shared by the CLI, the benchmarks and `serve`,
-so each command reads an option the same way."""
+"""Options on the command line, read the same way by every command: `--option key=value` pairs
+(a method's options) as Python values, shared by the CLI, the benchmarks and `serve`; and one
+flag per ensemble option (`core.options`), made from its declaration."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import InvalidConfigError
+from .options import GROUP_TITLES, EachMember, options_in
 
 
 def parse_value(value: str) -> Any:
@@ -33,3 +36,36 @@ def parse_options(pairs: Sequence[str]) -> dict:
             raise InvalidConfigError(f"--option {pair!r}: use key=value, e.g. aggregator=gac.")
         options[key] = parse_value(value)
     return options
+
+
+def add_option_flags(
+    parser: argparse.ArgumentParser, groups: Iterable[str], defaults: Mapping[str, Any]
+) -> None:
+    """One flag per ensemble option of `groups`, under a heading per group. A flag left out
+    reads as None (the command's default applies: `defaults`, else the option's), so a
+    config file's value is not overridden by a flag nobody gave."""
+    for group in groups:
+        section = parser.add_argument_group(f"ensemble options: {GROUP_TITLES[group]}")
+        for option in options_in([group]):
+            default = defaults.get(option.name, option.default)
+            shown = "" if default is None else f" (default: {default})"
+            kwargs = dict(option.kind.cli)
+            if option.flag:  # named otherwise than the option: NAME rather than NAMES
+                kwargs["metavar"] = option.flag.lstrip("-").upper().replace("-", "_")
+            section.add_argument(
+                option.command_line, dest=option.name, default=None,
+                help=option.help + shown, **kwargs,
+            )  # fmt: skip
+
+
+def given_options(args: argparse.Namespace, groups: Iterable[str]) -> dict[str, Any]:
+    """The ensemble options given as flags. A per-member flag given once is one value for
+    every member; repeated, one per member."""
+    given = {}
+    for option in options_in(groups):
+        value = getattr(args, option.name)
+        if isinstance(option.kind, EachMember) and value is not None and len(value) == 1:
+            value = value[0]
+        if value is not None:
+            given[option.name] = value
+    return given

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .admission import Admission, Slot, check_admission, default_concurrency
+from .admission import Admission, Slot, default_concurrency
 from .batching import request_threads
 from .chat import normalize_messages
 from .concurrency import iterate_in_thread
@@ -39,49 +39,30 @@ from .hf_member import HFMember
 from .member import ContextOverflow, Member
 from .methods import DEFAULT_METHOD, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
+from .options import GROUPS, RUNNING, split_options, takes_options
 from .remote import Remote, connect
 from .sampling import Sampler
 from .sources import Models, model_sources
 from .splitter import ResponseSplitter
 from .tool_calls import InvalidToolCall, ToolCall
-from .trust import FLOOR, LEARN, LR, PROBE_EVERY, MemberTrust, TrustView, check_options
+from .trust import MemberTrust, TrustView
 from .validate import check_bool
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
-FAILURE_POLICIES = ("raise", "drop")
-
-
-def _per_member(value: Any, n: int, what: str) -> list[Any]:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise InvalidConfigError(f"{what} has {len(value)} entries for {n} models.")
-        return list(value)
-    return [value] * n
 
 
 class Ensemble:
+    @takes_options(*RUNNING)
     def __init__(
-        self,
-        members: Sequence[Member],
-        method: str = DEFAULT_METHOD,
-        *,
-        on_member_failure: str = "raise",
-        max_concurrency: int | None = None,
-        max_queue: int | None = None,
-        queue_timeout: float | None = None,
-        prefix_reuse: bool = True,
-        learn_weights: bool = LEARN,
-        weight_lr: float = LR,
-        weight_floor: float = FLOOR,
-        probe_every: int = PROBE_EVERY,
-        **options: Any,
+        self, members: Sequence[Member], method: str = DEFAULT_METHOD, **options: Any
     ) -> None:
+        """Members already loaded (`HFMember`, `RemoteMember`, ...), the method, and by keyword
+        the method's options (SAFE's `lookahead`, ...) and the ensemble's running options
+        (`core.options`), each checked here."""
         if not members:
             raise InvalidConfigError("an ensemble needs at least one member.")
-        _check_policy(on_member_failure)
-        check_admission(max_concurrency, max_queue, queue_timeout)
-        prefix_reuse = check_bool("prefix_reuse", prefix_reuse)
+        self.options, method_options = split_options(options, RUNNING)  # as built
         seen: dict[str, int] = {}
         for member in members:  # unique names: events and stats are keyed by them
             if member.name in seen:
@@ -91,64 +72,42 @@ class Ensemble:
                 seen[member.name] = 1
         self.members = list(members)
         self.method = method  # its name, as given; `algorithm` runs it
-        self.method_options = dict(options)
-        self.algorithm = build_method(method, self.members, options)
+        self.method_options = method_options
+        self.algorithm = build_method(method, self.members, method_options)
         self.trust = MemberTrust(
             [m.name for m in self.members],
-            learn=learn_weights,
-            lr=weight_lr,
-            floor=weight_floor,
-            probe_every=probe_every,
+            learn=self.options.learn_weights,
+            lr=self.options.weight_lr,
+            floor=self.options.weight_floor,
+            probe_every=self.options.probe_every,
         )
-        self.on_member_failure = on_member_failure
-        self.prefix_reuse = prefix_reuse
-        limit = max_concurrency or default_concurrency(self.members)
-        queue = 4 * limit if max_queue is None else max_queue
-        self.admission = Admission(limit, queue, queue_timeout)
+        limit = self.options.max_concurrency or default_concurrency(self.members)
+        queue = 4 * limit if self.options.max_queue is None else self.options.max_queue
+        self.admission = Admission(limit, queue, self.options.queue_timeout)
 
     @classmethod
+    @takes_options(*GROUPS)
     def from_pretrained(
-        cls,
-        models: Models,
-        method: str = DEFAULT_METHOD,
-        *,
-        device: str | Sequence[str] = "auto",
-        dtype: str | Sequence[str] = "auto",
-        names: Sequence[str] | None = None,
-        use_safetensors: bool = True,
-        attn_implementation: str | None = None,
-        progress: bool = False,
-        on_member_failure: str = "raise",
-        max_concurrency: int | None = None,
-        max_queue: int | None = None,
-        queue_timeout: float | None = None,
-        prefix_reuse: bool = True,
-        learn_weights: bool = LEARN,
-        weight_lr: float = LR,
-        weight_floor: float = FLOOR,
-        probe_every: int = PROBE_EVERY,
-        **options: Any,
+        cls, models: Models, method: str = DEFAULT_METHOD, **options: Any
     ) -> Ensemble:
         """Load members from local directories or hub ids, or connect to members served by vLLM
         (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the member
-        trusted most drafts (the first while all are trusted alike). `device`/`dtype` concern
-        in-process members only. `learn_weights`, `weight_lr`, `weight_floor`, `probe_every`:
-        the member trust (`core.trust`; README "Member trust")."""
+        trusted most drafts (the first while all are trusted alike). By keyword: the method's
+        options and every ensemble option (`core.options`), all checked before anything
+        loads; `device`, `dtype`, `use_safetensors` and `attn_implementation` concern
+        in-process members only."""
         models = model_sources(models)
         if not models:
             raise InvalidConfigError(
                 "models is empty; pass one or more local model directories or hub ids."
             )
-        check_method(method, len(models), options)  # fail before loading anything
-        _check_policy(on_member_failure)
-        check_admission(max_concurrency, max_queue, queue_timeout)
-        check_bool("prefix_reuse", prefix_reuse)
-        check_options(learn_weights, weight_lr, weight_floor, probe_every)
-        devices = _per_member(device, len(models), "device")
-        dtypes = _per_member(dtype, len(models), "dtype")
-        labels = _per_member(names, len(models), "names") if names else [None] * len(models)
+        settings, method_options = split_options(options)
+        check_method(method, len(models), method_options)  # fail before loading anything
+        devices, dtypes, labels = (
+            settings.for_members(name, len(models)) for name in ("device", "dtype", "names")
+        )
         steps = range(len(models))
-        if progress:
+        if settings.progress:
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc="loading models", unit="model")
@@ -160,25 +119,12 @@ class Ensemble:
                 device=devices[i],
                 dtype=dtypes[i],
                 name=labels[i],
-                use_safetensors=use_safetensors,
-                attn_implementation=attn_implementation,
+                use_safetensors=settings.use_safetensors,
+                attn_implementation=settings.attn_implementation,
             )
             for i in steps
         ]
-        return cls(
-            members,
-            method,
-            on_member_failure=on_member_failure,
-            max_concurrency=max_concurrency,
-            max_queue=max_queue,
-            queue_timeout=queue_timeout,
-            prefix_reuse=prefix_reuse,
-            learn_weights=learn_weights,
-            weight_lr=weight_lr,
-            weight_floor=weight_floor,
-            probe_every=probe_every,
-            **options,
-        )
+        return cls(members, method, **settings.of(RUNNING), **method_options)
 
     @classmethod
     def demo(cls, method: str = DEFAULT_METHOD, **kwargs: Any) -> Ensemble:
@@ -336,7 +282,7 @@ class Ensemble:
         """A request's own member views and method copy, with every prompt rendered, and what
         the method is for this request (`stats.method_summary`)."""
         cancel = threading.Event()
-        members = [m.spawn(cancel, self.prefix_reuse) for m in self.members]
+        members = [m.spawn(cancel, self.options.prefix_reuse) for m in self.members]
         algorithm = self.algorithm.bind(members)
         request = Request(config, Sampler(config), on_event=on_event)
         if len(algorithm.active) > 1:  # trust weighs members that decide together
@@ -520,7 +466,8 @@ class _Run:
         if name is not None:
             request.stats.failed[name] = str(error)
         active = [m.name for m in algorithm.active]
-        if self.ensemble.on_member_failure != "drop" or name not in active or len(active) < 2:
+        dropping = self.ensemble.options.on_member_failure == "drop"
+        if not dropping or name not in active or len(active) < 2:
             raise error
         return algorithm.without(name)
 
@@ -544,11 +491,3 @@ class _Run:
             stats.first_delta_seconds = stats.seconds
         events, self.request.pending = tuple(self.request.pending), []
         return Delta(text, events, finish, stats, tuple(calls))
-
-
-def _check_policy(policy: str) -> None:
-    if policy not in FAILURE_POLICIES:
-        raise InvalidConfigError(
-            f"on_member_failure={policy!r} is not supported; use 'raise' (a failing member ends "
-            "the request) or 'drop' (the request goes on with the other members)."
-        )

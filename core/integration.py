@@ -5,8 +5,11 @@ framework's messages, tools and outputs, and takes the rest from here, so both l
 report the same model name and the same numbers, and turn a call's arguments into a request the
 same way:
 
-- `EnsembleSettings`: how an adapter loads its engine (models, method, options, devices), checked
-  before anything loads, and the model name it reports;
+- `option_fields`: the ensemble options (`core.options`) as pydantic fields, which both adapters
+  mix into their classes, so each offers every option, checked as `Ensemble` checks it;
+- `EnsembleSettings`: how an adapter loads its engine (models, method and its options, the
+  ensemble options), checked before anything loads, and the model name it reports;
+  `wrapped_fields`: an adapter's fields for an engine built by hand;
 - `EnsembleHandle`: the engine itself, one built by hand or the shared one for those settings,
   loaded on first use (`core.shared.shared_ensemble`) and off the event loop for async callers;
 - `generation_config`: the instance's settings overridden by a call's, as the call's one
@@ -18,7 +21,7 @@ same way:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,9 @@ from .errors import InvalidConfigError
 from .events import Event
 from .loading import check_model_source
 from .methods import DEFAULT_METHOD, METHOD_NAMES, check_method
+from .options import BY_NAME as OPTIONS_BY_NAME
+from .options import NAMES as OPTION_NAMES
+from .options import OPTIONS, check_options
 from .remote import Remote, source_label
 from .shared import shared_ensemble
 from .summary import request_summary
@@ -36,8 +42,8 @@ from .tool_calls import InvalidToolCall, ToolCall
 # Per-call names frameworks use for a GenerationConfig field.
 ALIASES = {"max_tokens": "max_new_tokens"}
 
-# The loading settings both adapters declare as fields (`Field(**LOADING_FIELDS[name])`): each
-# default and description written once.
+# The engine's settings other than the ensemble options, as both adapters declare them as fields
+# (`Field(**LOADING_FIELDS[name])`): each default and description written once.
 LOADING_FIELDS: dict[str, dict[str, Any]] = {
     "models": {
         "default_factory": list,
@@ -50,35 +56,71 @@ LOADING_FIELDS: dict[str, dict[str, Any]] = {
         "default_factory": dict,
         "description": "Keyword options of the method, e.g. {'drafter': 0} or {'top_k': 10}.",
     },
-    "device": {"default": "auto", "description": "One device for all members, or one each."},
-    "dtype": {"default": "auto", "description": "One dtype for all members, or one each."},
-    "names": {"default": None, "description": "Member names in events and stats."},
 }
+# What describes an engine: given with an Ensemble built by hand, it would contradict it.
+ENGINE_FIELDS = (*LOADING_FIELDS, *OPTION_NAMES)
+
+
+def option_fields() -> type:
+    """A pydantic model with one field per ensemble option (`core.options`): its type, default
+    and help text, and the option's own check (a bad value fails at construction, as it does
+    in `Ensemble`). Each adapter mixes it into its class. pydantic is the adapters' dependency,
+    imported here only when an adapter asks."""
+    from pydantic import BaseModel, Field, create_model, field_validator
+
+    def check(cls, value: Any, info) -> Any:
+        return OPTIONS_BY_NAME[info.field_name].check(value)
+
+    fields = {o.name: (o.annotation, Field(default=o.default, description=o.help)) for o in OPTIONS}
+    return create_model(
+        "EnsembleOptionFields",
+        __base__=BaseModel,
+        __validators__={"check_option": field_validator(*OPTION_NAMES, mode="before")(check)},
+        **fields,
+    )
+
+
+def wrapped_fields(ensemble: Ensemble, given: Iterable[str], how: str) -> dict[str, Any]:
+    """An adapter's fields for an engine built by hand (`how` names the way it was passed):
+    its members by name, its method and options. A field that describes the engine given as
+    well is refused: the engine is loaded already."""
+    clash = [name for name in ENGINE_FIELDS if name in given]
+    if clash:
+        raise InvalidConfigError(
+            f"pass either {how} or {', '.join(clash)}, not both: an Ensemble is already loaded "
+            "with its models, method and options."
+        )
+    settings = EnsembleSettings.of(ensemble)
+    return {
+        "models": list(settings.models),
+        "method": settings.method,
+        "method_options": dict(settings.method_options),
+        **settings.options,
+    }
 
 
 @dataclass(frozen=True)
 class EnsembleSettings:
     """How an adapter loads its engine: the members (paths, hub ids or `Remote`s; SAFE drafts
     with the most trusted, the first while all are trusted alike), the method and its
-    options, and per-member devices, dtypes and names."""
+    options, and the ensemble options (`core.options`, by name; those not given take their
+    defaults)."""
 
     models: Sequence[str | Remote]
     method: str = DEFAULT_METHOD
     method_options: Mapping[str, Any] = field(default_factory=dict)
-    device: str | Sequence[str] = "auto"
-    dtype: str | Sequence[str] = "auto"
-    names: Sequence[str] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ensemble: Ensemble) -> EnsembleSettings:
         """The settings that describe an engine built by hand (its members by name)."""
         members = [m.name for m in ensemble.members]
-        return cls(members, ensemble.method, dict(ensemble.method_options))
+        return cls(members, ensemble.method, dict(ensemble.method_options), dict(ensemble.options))
 
     def check(self, wrap: str, sources: bool = True) -> None:
         """What can be checked before loading: models given (`wrap` says how the adapter takes
-        an Ensemble built by hand instead), the method and its options, one entry per model in
-        per-model lists, and with `sources` that local paths exist."""
+        an Ensemble built by hand instead), the method and its options, the ensemble options,
+        one entry per model in per-model lists, and with `sources` that local paths exist."""
         if not self.models:
             raise InvalidConfigError(
                 "models is empty; pass models=[...] (local model directories, hub ids or "
@@ -86,13 +128,7 @@ class EnsembleSettings:
                 f"built: {wrap}."
             )
         check_method(self.method, len(self.models), dict(self.method_options))
-        for what in ("device", "dtype", "names"):
-            value = getattr(self, what)
-            if isinstance(value, (list, tuple)) and len(value) != len(self.models):
-                raise InvalidConfigError(
-                    f"{what} has {len(value)} entries for {len(self.models)} models; pass one "
-                    "per model, or a single value for all."
-                )
+        check_options(self.options).check_members(len(self.models))
         for model in self.models if sources else ():  # a wrong path fails now, not at loading
             if not isinstance(model, Remote):
                 check_model_source(model)
@@ -100,18 +136,13 @@ class EnsembleSettings:
     @property
     def label(self) -> str:
         """The model name an adapter reports: the method and its members."""
-        names = self.names or [source_label(m) for m in self.models]
+        names = self.options.get("names") or [source_label(m) for m in self.models]
         return f"ensemble-{self.method}:{'+'.join(names)}"
 
     def load(self) -> Ensemble:
         """The shared engine for these settings (loaded once per configuration)."""
         return shared_ensemble(
-            list(self.models),
-            self.method,
-            device=self.device,
-            dtype=self.dtype,
-            names=self.names,
-            **self.method_options,
+            list(self.models), self.method, **self.options, **self.method_options
         )
 
 

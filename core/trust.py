@@ -42,11 +42,9 @@ import torch
 
 from .errors import InvalidConfigError
 from .events import TrustUpdated
-from .validate import check_bool, check_int, check_real
+from .validate import check_bool
 from .vocab import EOS
 
-# The defaults of the `Ensemble` options learn_weights, weight_lr, weight_floor and probe_every.
-LEARN, LR, FLOOR, PROBE_EVERY = False, 0.1, 0.2, 10
 # Learned log-weights settle at SPREAD x each member's recent rate of backing the committed text,
 # so a member that backs every decision ends at most e**SPREAD (20x) above one that backs none,
 # however long it learns: weights stay a graded mixture, not a collapse onto one member.
@@ -135,8 +133,9 @@ class TrustView:
 
 
 class MemberTrust:
-    """Options, each checked at the call:
-    - `learn`: update the weights from requests. False (the default) freezes them.
+    """Its settings are the ensemble's options learn_weights, weight_lr, weight_floor and
+    probe_every (`core.options` declares and checks them):
+    - `learn`: update the weights from requests. False freezes them.
     - `lr`: the Hedge step. Each update multiplies a member's weight by exp(eta * reward),
       where eta = lr * sqrt(1/K) and K is the number of members it covers. It first discounts
       the weights by the power 1 - eta/SPREAD. A larger `lr` learns and forgets faster, but
@@ -150,15 +149,13 @@ class MemberTrust:
         self,
         names: Sequence[str],
         *,
-        learn: bool = LEARN,
-        lr: float = LR,
-        floor: float = FLOOR,
-        probe_every: int = PROBE_EVERY,
+        learn: bool,
+        lr: float,
+        floor: float,
+        probe_every: int,
     ) -> None:
         self.names = list(names)
-        self.learn, self.lr, self.floor, self.probe_every = check_options(
-            learn, lr, floor, probe_every
-        )
+        self.learn, self.lr, self.floor, self.probe_every = learn, lr, floor, probe_every
         self._lock = threading.Lock()
         self._weights = _uniform(len(self.names))
         self.updates = 0  # updates applied since the last reset or load
@@ -277,19 +274,6 @@ class MemberTrust:
 
     def _named(self, weights: torch.Tensor) -> dict[str, float]:
         return {n: float(w) for n, w in zip(self.names, weights.tolist(), strict=True)}
-
-
-def check_options(
-    learn: bool, lr: float, floor: float, probe_every: int
-) -> tuple[bool, float, float, int]:
-    """The trust options as `Ensemble` takes them (`learn_weights`, `weight_lr`,
-    `weight_floor`, `probe_every`), checked; they can be checked before any model loads."""
-    return (
-        check_bool("learn_weights", learn),
-        check_real("weight_lr", lr, low=0, low_open=True, example=0.1),
-        check_real("weight_floor", floor, low=0, high=1, high_open=True, example=0.1),
-        check_int("probe_every", probe_every, low=1, example=10),
-    )
 
 
 def _mean_rewards(decisions: Sequence[Mapping[str, float]]) -> dict[str, float]:

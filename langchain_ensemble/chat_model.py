@@ -3,9 +3,9 @@
 The class only wires LangChain to the engine (`core.Ensemble`): message conversion is in
 `messages.py`, chunks and usage in `outputs.py`, custom events in `events.py`, tools and schemas
 in `tools.py` and `structured.py`; loading, the model name and a call's settings come from the
-adapter kit both adapters share (`core.integration`). Construction is cheap (nothing loads); the
-first request loads the models, and every instance with the same models, method, options,
-device and dtype uses one engine.
+adapter kit both adapters share (`core.integration`), and so does a field for every ensemble
+option (`core.options`). Construction is cheap (nothing loads); the first request loads the
+models, and every instance with the same models, method and options uses one engine.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ from core.integration import (
     EnsembleHandle,
     EnsembleSettings,
     generation_config,
+    option_fields,
+    wrapped_fields,
 )
+from core.options import option_values
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 
@@ -71,8 +74,10 @@ _PROFILE = ModelProfile(
     structured_output=True,
 )
 
+EnsembleOptionFields = option_fields()  # a field per ensemble option: device, max_queue, ...
 
-class ChatEnsemble(BaseChatModel):
+
+class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
     """Several local causal LMs (different tokenizers welcome), ensembled at inference time, as
     one LangChain chat model.
 
@@ -80,13 +85,14 @@ class ChatEnsemble(BaseChatModel):
         The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction loads nothing: the first request loads the models, once per configuration
-        (`models`, `method`, `method_options`, `device`, `dtype`) for every instance.
+        (`models`, `method`, `method_options` and the ensemble options) for every instance.
 
     Key init args:
         models: the members; SAFE drafts with the member trusted most (the first while all are
             trusted alike) unless its `drafter` option names one.
         method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
-        device, dtype: one for all, or one per member.
+        every ensemble option (`core.options`): device, dtype and names (one for all, or one
+            per member), on_member_failure, max_concurrency, learn_weights, ...
         temperature, top_p, seed, max_tokens, stop: generation settings (greedy by default),
             each overridable per call (`invoke(..., temperature=0.7)`, `.bind(seed=1)`).
         ensemble_events, event_trace, on_event: where ensemble events go (see Events).
@@ -146,8 +152,6 @@ class ChatEnsemble(BaseChatModel):
     models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
-    device: str | list[str] = Field(**LOADING_FIELDS["device"])
-    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
 
     model_name: str = Field(default="", alias="model", description="Reported model name.")
     temperature: float | None = Field(default=None, description="0 or None: greedy.")
@@ -199,21 +203,14 @@ class ChatEnsemble(BaseChatModel):
     @classmethod
     def from_ensemble(cls, ensemble: Ensemble, **kwargs: Any) -> ChatEnsemble:
         """Wrap an engine built by hand (`Ensemble(...)`, `Ensemble.from_pretrained(...)`)."""
-        settings = EnsembleSettings.of(ensemble)
-        chat = cls(
-            models=list(settings.models),
-            method=settings.method,
-            method_options=dict(settings.method_options),
-            **kwargs,
-        )
+        fields = wrapped_fields(ensemble, kwargs, "ChatEnsemble.from_ensemble(ensemble)")
+        chat = cls(**fields, **kwargs)
         chat._handle = EnsembleHandle(ensemble)
         return chat
 
     @property
     def _settings(self) -> EnsembleSettings:
-        return EnsembleSettings(
-            self.models, self.method, self.method_options, self.device, self.dtype
-        )
+        return EnsembleSettings(self.models, self.method, self.method_options, option_values(self))
 
     @property
     def ensemble(self) -> Ensemble:
@@ -237,8 +234,7 @@ class ChatEnsemble(BaseChatModel):
             "models": list(self.models),
             "method": self.method,
             "method_options": self.method_options,
-            "device": self.device,
-            "dtype": self.dtype,
+            **option_values(self),
             "temperature": self.temperature,
             "top_p": self.top_p,
             "seed": self.seed,

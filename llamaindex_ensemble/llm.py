@@ -55,7 +55,10 @@ from core.integration import (
     EnsembleSettings,
     ResponseRecord,
     generation_config,
+    option_fields,
+    wrapped_fields,
 )
+from core.options import option_values
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 from core.tool_calls import ToolCall
@@ -75,12 +78,12 @@ _GENERATION = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
 # Per-call tool settings (chat_with_tools, structured_predict), passed to the engine, which
 # checks them; `tool_required=True` is tool_choice "required" unless a tool_choice is given.
 _TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
-_LOADING = ("models", "method", "method_options", "device", "dtype", "names")
 
 MakeResponse = Callable[[str, str | None, dict[str, Any], list[ToolCall]], Any]
+EnsembleOptionFields = option_fields()  # a field per ensemble option: device, max_queue, ...
 
 
-class EnsembleLLM(FunctionCallingLLM):
+class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
     """Several local causal LMs (different tokenizers welcome), ensembled at inference time, as
     one LlamaIndex chat LLM.
 
@@ -88,15 +91,15 @@ class EnsembleLLM(FunctionCallingLLM):
         The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction checks the paths and loads nothing: the first request loads the models,
-        once per configuration (`models`, `method`, `method_options`, `device`, `dtype`,
-        `names`) for every instance. `ensemble=` wraps an `Ensemble` you built yourself.
+        once per configuration (`models`, `method`, `method_options` and the ensemble options)
+        for every instance. `ensemble=` wraps an `Ensemble` you built yourself.
 
     Key init args:
         models: the members; SAFE drafts with the member trusted most (the first while all are
-            trusted alike) unless its `drafter` option names one. names: member names in
-            events/stats.
+            trusted alike) unless its `drafter` option names one.
         method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
-        device, dtype: one for all, or one per member.
+        every ensemble option (`core.options`): device, dtype and names (one for all, or one
+            per member), on_member_failure, max_concurrency, learn_weights, ...
         max_new_tokens, temperature, top_p, seed, stop: generation settings (greedy by
             default), each overridable per call (`complete(..., temperature=0.7)`).
         on_event: called with every core event as it happens.
@@ -147,9 +150,6 @@ class EnsembleLLM(FunctionCallingLLM):
     models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
-    device: str | list[str] = Field(**LOADING_FIELDS["device"])
-    dtype: str | list[str] = Field(**LOADING_FIELDS["dtype"])
-    names: list[str] | None = Field(**LOADING_FIELDS["names"])
     max_new_tokens: int = Field(default=256, description="Output tokens per call (num_output).")
     temperature: float = Field(default=0.0, description="0 = greedy.")
     top_p: float = Field(default=1.0, description="Nucleus sampling when temperature > 0.")
@@ -171,18 +171,7 @@ class EnsembleLLM(FunctionCallingLLM):
         if data.get("models") is not None:
             data["models"] = model_sources(data["models"])
         if ensemble is not None:
-            given = [k for k in _LOADING if k in data]
-            if given:
-                raise InvalidConfigError(
-                    f"pass either ensemble= or {', '.join(given)}, not both: an Ensemble is "
-                    "already loaded with its models and method."
-                )
-            settings = EnsembleSettings.of(ensemble)
-            data.update(
-                models=list(settings.models),
-                method=settings.method,
-                method_options=dict(settings.method_options),
-            )
+            data.update(wrapped_fields(ensemble, data, "ensemble="))
         super().__init__(**data)
         self._handle = EnsembleHandle(ensemble)
         if ensemble is None:  # a wrong path fails now; loading waits for first use
@@ -195,9 +184,7 @@ class EnsembleLLM(FunctionCallingLLM):
 
     @property
     def _settings(self) -> EnsembleSettings:
-        return EnsembleSettings(
-            self.models, self.method, self.method_options, self.device, self.dtype, self.names
-        )
+        return EnsembleSettings(self.models, self.method, self.method_options, option_values(self))
 
     @property
     def ensemble(self) -> Ensemble:

@@ -307,6 +307,12 @@ ENSEMBLE_SETTINGS = [
         "queue_timeout=-1 must be seconds > 0, or None"),
     row("prefix_reuse-no", method("single", prefix_reuse="no"), InvalidConfigError,
         "prefix_reuse must be True or False, got 'no', a string"),
+    row("loading-option-to-Ensemble", method("single", dtype="float32"), InvalidConfigError,
+        "dtype is an option for loading the members, which Ensemble.from_pretrained does"),
+    row("chat-max_queue-string", chat(max_queue="8"), ValidationError,
+        "max_queue='8' must be a positive integer or None"),
+    row("llm-on_member_failure-unknown", llm(on_member_failure="skip"), ValidationError,
+        "use 'raise' (a failing member ends the request) or 'drop'"),
 ]  # fmt: skip
 
 MESSAGES = [

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_options import parse_options
+from ..cli_options import add_option_flags, given_options, parse_options
 from ..errors import InvalidConfigError
-from .settings import build_settings, read_config
+from ..options import GROUPS
+from .settings import SERVE_DEFAULTS, ServeSettings, build_settings, read_config
 
 _LIMITS = (
     "max_body_bytes", "max_messages", "max_tools", "max_schema_bytes", "max_tokens", "max_stop",
@@ -15,18 +16,26 @@ _LIMITS = (
 
 
 def serve(args: argparse.Namespace) -> int:
-    settings = build_settings(
+    settings = serve_settings(args)
+    try:
+        from .runner import run
+    except ImportError as error:
+        raise InvalidConfigError(
+            f"serve needs the serve extra ({error.name} is missing): "
+            "pip install 'llm-ensembling[serve]'."
+        ) from None
+    return run(settings)
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    """The server's settings: the --config file's, with the flags given over them."""
+    return build_settings(
         read_config(args.config) if args.config else None,
         ensemble={
             "members": args.model or None,
             "method": args.method,
             "options": parse_options(args.option) or None,
-            "device": args.device,
-            "dtype": args.dtype,
-            "on_member_failure": args.on_member_failure,
-            "max_concurrency": args.max_concurrency,
-            "max_queue": args.max_queue,
-            "queue_timeout": args.queue_timeout,
+            **given_options(args, GROUPS),
         },
         server={
             "host": args.host,
@@ -42,14 +51,6 @@ def serve(args: argparse.Namespace) -> int:
         limits={name: getattr(args, name) for name in _LIMITS},
         api_keys=args.api_key,
     )
-    try:
-        from .runner import run
-    except ImportError as error:
-        raise InvalidConfigError(
-            f"serve needs the serve extra ({error.name} is missing): "
-            "pip install 'llm-ensembling[serve]'."
-        ) from None
-    return run(settings)
 
 
 def add_command(sub) -> None:
@@ -61,12 +62,6 @@ def add_command(sub) -> None:
     p.add_argument("--model", action="append", default=[], help="repeat for each member")
     p.add_argument("--method", default=None, help="safe | specem | token | single")
     p.add_argument("--option", action="append", default=[], help="method option key=value")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--on-member-failure", default=None, choices=["raise", "drop"])
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--max-queue", type=int, default=None)
-    p.add_argument("--queue-timeout", type=float, default=None, help="seconds; then 429")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (others need a key)")
     p.add_argument("--port", type=int, default=None, help="default 8000")
     p.add_argument("--name", action="append", default=[], help="served model name (repeat)")
@@ -86,4 +81,5 @@ def add_command(sub) -> None:
     p.add_argument("--body-timeout", type=float, default=None, help="seconds to send a body (30)")
     for name in _LIMITS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    add_option_flags(p, GROUPS, SERVE_DEFAULTS)
     p.set_defaults(func=serve)

@@ -8,7 +8,7 @@ configuration before anything heavy is imported.
 method = "safe"
 members = ["Qwen/Qwen2.5-1.5B-Instruct",
            {base_url = "http://10.0.0.5:8000/v1", model = "llama", tokenizer = "meta-llama/..."}]
-on_member_failure = "drop"
+on_member_failure = "drop"      # any ensemble option (core.options), by its name
 max_concurrency = 16
 
 [options]          # the method's options
@@ -38,6 +38,8 @@ from typing import Any
 
 from core.errors import InvalidConfigError
 from core.methods import DEFAULT_METHOD
+from core.options import NAMES as OPTION_NAMES
+from core.options import Options, check_options
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,20 +61,36 @@ class Limits:
     max_stop: int = 8
 
 
+# The server's own defaults for ensemble options: a request waits at most a minute for a slot,
+# then is answered 429.
+SERVE_DEFAULTS = {"queue_timeout": 60.0}
+
+
 @dataclass(frozen=True)
 class EnsembleSpec:
-    """`Ensemble.from_pretrained`'s arguments."""
+    """`Ensemble.from_pretrained`'s arguments: the members, the method and its `options`, and
+    the ensemble options (`core.options`), checked; each reads as an attribute too
+    (`spec.max_concurrency`)."""
 
     members: tuple[Any, ...] = ()  # paths, hub ids, or dicts of `Remote`'s fields
     method: str = DEFAULT_METHOD
-    options: dict[str, Any] = field(default_factory=dict)
-    device: Any = "auto"
-    dtype: Any = "auto"
-    on_member_failure: str = "raise"
-    max_concurrency: int | None = None
-    max_queue: int | None = None
-    queue_timeout: float | None = 60.0
-    prefix_reuse: bool = True
+    options: dict[str, Any] = field(default_factory=dict)  # the method's options
+    settings: Options = field(default_factory=lambda: check_options({}, defaults=SERVE_DEFAULTS))
+
+    @classmethod
+    def of(cls, given: dict[str, Any]) -> EnsembleSpec:
+        """From an ensemble.toml's top level (flags merged over it): members, method, options,
+        and ensemble options by name."""
+        given = dict(given)
+        members = tuple(given.pop("members", ()))
+        method = given.pop("method", DEFAULT_METHOD)
+        options = dict(given.pop("options", None) or {})
+        return cls(members, method, options, check_options(given, defaults=SERVE_DEFAULTS))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self.settings, name)
 
     def load(self):
         from core import Ensemble
@@ -83,16 +101,7 @@ class EnsembleSpec:
                 "the --config file."
             )
         return Ensemble.from_pretrained(
-            list(self.members),
-            self.method,
-            device=self.device,
-            dtype=self.dtype,
-            on_member_failure=self.on_member_failure,
-            max_concurrency=self.max_concurrency,
-            max_queue=self.max_queue,
-            queue_timeout=self.queue_timeout,
-            prefix_reuse=self.prefix_reuse,
-            **self.options,
+            list(self.members), self.method, **self.settings, **self.options
         )
 
 
@@ -176,7 +185,7 @@ def read_keys(
     return tuple(dict.fromkeys(keys))
 
 
-_TOP = {f.name for f in dataclasses.fields(EnsembleSpec)}
+_TOP = {"members", "method", "options", *OPTION_NAMES}
 _SERVER = {
     "host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level", "threads",
     "header_timeout", "body_timeout",
@@ -229,8 +238,6 @@ def build_settings(
         return {**base, **{k: v for k, v in (override or {}).items() if v is not None}}
 
     spec = merged(config["ensemble"], ensemble)
-    if "members" in spec:
-        spec["members"] = tuple(spec["members"])
     where = merged(config["server"], server)
     keys = read_keys(
         [*where.pop("api_keys", ()), *api_keys], where.pop("api_key_file", None), environ
@@ -239,7 +246,7 @@ def build_settings(
         where["names"] = tuple(where["names"])
     try:
         return ServeSettings(
-            ensemble=EnsembleSpec(**spec),
+            ensemble=EnsembleSpec.of(spec),
             limits=Limits(**merged(config["limits"], limits)),
             api_keys=keys,
             **where,
