@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench.commands import add_commands
-from .cli_options import parse_options
+from .cli_options import parse_models, parse_options
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
 from .serve.command import add_command as add_serve_command
@@ -28,8 +28,10 @@ def generate(args: argparse.Namespace) -> None:
 
     if not args.model:
         raise InvalidConfigError("generate needs at least one --model (a directory or hub id).")
+    if args.raw and args.system:
+        raise InvalidConfigError("--raw sends the prompt as it is; it takes no --system.")
     ensemble = Ensemble.from_pretrained(
-        args.model,
+        parse_models(args.model),
         args.method,
         device=args.device,
         dtype=args.dtype,
@@ -42,6 +44,7 @@ def generate(args: argparse.Namespace) -> None:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        raw_prompt=args.raw,
     )
 
     def show(event) -> None:
@@ -50,6 +53,8 @@ def generate(args: argparse.Namespace) -> None:
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
+    if args.raw:
+        messages = args.prompt
     last = None
     for delta in ensemble.stream(messages, config, on_event=show if args.events else None):
         print(delta.text, end="", flush=True)
@@ -84,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="stream one answer from an ensemble")
     p.add_argument("prompt")
-    p.add_argument("--model", action="append", default=[], help="repeat for each member")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a member: a directory, .gguf file or hub id, or a JSON object of Local's or "
+        "Remote's fields (repeat for each member)",
+    )
     p.add_argument("--method", default=DEFAULT_METHOD)
     p.add_argument("--option", action="append", default=[], help="method option key=value")
     p.add_argument("--system", default="")
@@ -96,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--events", action="store_true", help="print ensemble events to stderr")
+    p.add_argument(
+        "--raw", action="store_true", help="the prompt is raw text: no chat template (few-shot)"
+    )
     p.set_defaults(func=generate)
 
     add_commands(sub)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .admission import Admission, check_admission, default_concurrency
 from .batching import request_threads
-from .chat import normalize_messages
+from .chat import normalize_messages, raw_prompt_text
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
@@ -129,10 +129,12 @@ class Ensemble:
         probe_every: int = PROBE_EVERY,
         **options: Any,
     ) -> Ensemble:
-        """Load members from local directories or hub ids, or connect to members served by vLLM
-        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the member
-        trusted most drafts (the first while all are trusted alike). `device`/`dtype` concern
-        in-process members only. `learn_weights`, `weight_lr`, `weight_floor`, `probe_every`:
+        """Load members from local directories, GGUF files or hub ids (each a `Local(...)` when it
+        needs options of its own: a chat template, stop strings, its device, dtype or name), or
+        connect to members served by vLLM (`Remote(base_url=..., model=..., tokenizer=...)`);
+        they mix freely. SAFE: the member trusted most drafts (the first while all are trusted
+        alike). `device`/`dtype`/`names` concern in-process members, where a Local's own
+        option wins. `learn_weights`, `weight_lr`, `weight_floor`, `probe_every`:
         the member trust (`core.trust`; README "Member trust")."""
         models = model_sources(models)
         if not models:
@@ -210,7 +212,8 @@ class Ensemble:
                 f" (a {type(on_event).__name__}). Pass e.g. on_event=print, or on_event=lambda e: "
                 "print(e.to_dict())."
             )
-        return self._start(normalize_messages(messages), config, on_event)
+        prompt = raw_prompt_text(messages) if config.raw_prompt else normalize_messages(messages)
+        return self._start(prompt, config, on_event)
 
     def generate(
         self,
@@ -414,7 +417,8 @@ class _Run:
                 for member in self.algorithm.active:  # the members' cache room, claimed first
                     member.reserve(self.request.config.max_new_tokens)
                 self.started = time.perf_counter()
-                splitter = ResponseSplitter(self.request.config)
+                stops = [s for member in self.members for s in member.stop_strings]
+                splitter = ResponseSplitter(self.request.config, stops)
                 try:
                     finish = yield from self._commits(splitter)
                 except CallbackFailed as failed:

@@ -27,9 +27,11 @@ from .ensemble import Ensemble
 from .errors import InvalidConfigError
 from .events import Event
 from .loading import check_model_source
+from .local import Local
 from .methods import DEFAULT_METHOD, METHOD_NAMES, check_method
-from .remote import Remote, source_label
+from .remote import Remote
 from .shared import shared_ensemble
+from .sources import Source, source_label
 from .summary import request_summary
 from .tool_calls import InvalidToolCall, ToolCall
 
@@ -41,9 +43,10 @@ ALIASES = {"max_tokens": "max_new_tokens"}
 LOADING_FIELDS: dict[str, dict[str, Any]] = {
     "models": {
         "default_factory": list,
-        "description": "Local model directories, hub ids, or Remote(...) members served by "
-        "vLLM (a dict of Remote's fields works too); SAFE drafts with the most trusted (the "
-        "first while all are trusted alike).",
+        "description": "Local model directories, .gguf files, hub ids, Local(...) members with "
+        "their own options (chat_template, stop, dtype, device, name) or Remote(...) members "
+        "served by vLLM (a dict of Local's or Remote's fields works too); SAFE drafts with the "
+        "most trusted (the first while all are trusted alike).",
     },
     "method": {"default": DEFAULT_METHOD, "description": " | ".join(METHOD_NAMES)},
     "method_options": {
@@ -58,11 +61,11 @@ LOADING_FIELDS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class EnsembleSettings:
-    """How an adapter loads its engine: the members (paths, hub ids or `Remote`s; SAFE drafts
-    with the most trusted, the first while all are trusted alike), the method and its
-    options, and per-member devices, dtypes and names."""
+    """How an adapter loads its engine: the members (paths, hub ids, `Local`s or `Remote`s;
+    SAFE drafts with the most trusted, the first while all are trusted alike), the method and
+    its options, and per-member devices, dtypes and names."""
 
-    models: Sequence[str | Remote]
+    models: Sequence[Source]
     method: str = DEFAULT_METHOD
     method_options: Mapping[str, Any] = field(default_factory=dict)
     device: str | Sequence[str] = "auto"
@@ -81,9 +84,9 @@ class EnsembleSettings:
         per-model lists, and with `sources` that local paths exist."""
         if not self.models:
             raise InvalidConfigError(
-                "models is empty; pass models=[...] (local model directories, hub ids or "
-                "Remote(...) members, e.g. core.testbed.model_paths()), or wrap an Ensemble you "
-                f"built: {wrap}."
+                "models is empty; pass models=[...] (local model directories, .gguf files, hub "
+                "ids, Local(...) or Remote(...) members, e.g. core.testbed.model_paths()), or "
+                f"wrap an Ensemble you built: {wrap}."
             )
         check_method(self.method, len(self.models), dict(self.method_options))
         for what in ("device", "dtype", "names"):
@@ -95,7 +98,7 @@ class EnsembleSettings:
                 )
         for model in self.models if sources else ():  # a wrong path fails now, not at loading
             if not isinstance(model, Remote):
-                check_model_source(model)
+                check_model_source(model.path if isinstance(model, Local) else model)
 
     @property
     def label(self) -> str:

@@ -40,6 +40,7 @@ from core.integration import (
     EnsembleSettings,
     generation_config,
 )
+from core.local import Local
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 
@@ -77,7 +78,8 @@ class ChatEnsemble(BaseChatModel):
     one LangChain chat model.
 
     Setup:
-        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        The models are local directories, GGUF files or hub ids (a `Local(path, chat_template=...,
+        stop=...)` where one needs options of its own), or `Remote(...)` members served by vLLM;
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction loads nothing: the first request loads the models, once per configuration
         (`models`, `method`, `method_options`, `device`, `dtype`) for every instance.
@@ -142,7 +144,7 @@ class ChatEnsemble(BaseChatModel):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    models: list[str | Local | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
     device: str | list[str] = Field(**LOADING_FIELDS["device"])
@@ -178,11 +180,11 @@ class ChatEnsemble(BaseChatModel):
 
     @field_validator("models", mode="before")
     @classmethod
-    def _model_list(cls, value: Any) -> list[str | Remote]:
+    def _model_list(cls, value: Any) -> list[str | Local | Remote]:
         return model_sources(value)
 
     @field_serializer("models")
-    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+    def _models_without_credentials(self, models: list[str | Local | Remote]) -> list[str | dict]:
         return public_sources(models)  # keys stay out of dumps, traces and saved configs
 
     @model_validator(mode="after")

@@ -56,6 +56,7 @@ from core.integration import (
     ResponseRecord,
     generation_config,
 )
+from core.local import Local
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 from core.tool_calls import ToolCall
@@ -85,7 +86,8 @@ class EnsembleLLM(FunctionCallingLLM):
     one LlamaIndex chat LLM.
 
     Setup:
-        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        The models are local directories, GGUF files or hub ids (a `Local(path, chat_template=...,
+        stop=...)` where one needs options of its own), or `Remote(...)` members served by vLLM;
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction checks the paths and loads nothing: the first request loads the models,
         once per configuration (`models`, `method`, `method_options`, `device`, `dtype`,
@@ -112,7 +114,10 @@ class EnsembleLLM(FunctionCallingLLM):
         llm.chat([ChatMessage(role="user", content="...")])
         ```
         Each member renders the messages with its own chat template (never LlamaIndex's
-        generic `messages_to_prompt`); `complete` is one user turn.
+        generic `messages_to_prompt`); `complete` is one user turn. `complete(text,
+        formatted=True)` says the text is already in the form the model reads: every member
+        gets it as it is, with no chat template (`GenerationConfig.raw_prompt`), as
+        LlamaIndex's local-model LLMs (HuggingFaceLLM, LlamaCPP) pass a formatted prompt on.
 
     Stream:
         ```python
@@ -142,7 +147,7 @@ class EnsembleLLM(FunctionCallingLLM):
         under `raw["ensemble"]` (`core.summary.request_summary`).
     """
 
-    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    models: list[str | Local | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
     device: str | list[str] = Field(**LOADING_FIELDS["device"])
@@ -162,7 +167,7 @@ class EnsembleLLM(FunctionCallingLLM):
     _handle: EnsembleHandle = PrivateAttr(default_factory=EnsembleHandle)
 
     @field_serializer("models")
-    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+    def _models_without_credentials(self, models: list[str | Local | Remote]) -> list[str | dict]:
         return public_sources(models)  # keys stay out of to_dict, to_json and saved configs
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
@@ -264,16 +269,20 @@ class EnsembleLLM(FunctionCallingLLM):
 
     # --- wiring ----------------------------------------------------------------------------
 
-    def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]]:
-        """`formatted=True`: the caller already applied its prompt wrapping; the members' chat
-        templates are applied either way (a raw prompt cannot suit three templates)."""
+    def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]] | str:
+        """What `complete` sends: one user turn (after `completion_to_prompt`, with the
+        system prompt), or with `formatted=True` the text itself, which the engine gives every
+        member as it is, with no chat template (a string is a raw prompt here)."""
         if formatted:
-            return completion_messages(prompt)
+            return prompt
         return completion_messages(self.completion_to_prompt(prompt), self.system_prompt)
 
-    def _call_config(self, kwargs: dict[str, Any], chat: bool = True) -> GenerationConfig:
+    def _call_config(
+        self, kwargs: dict[str, Any], chat: bool = True, raw: bool = False
+    ) -> GenerationConfig:
         """The call's one GenerationConfig: the instance's settings, overridden by the call's
-        keyword arguments (`chat=False`: `complete`, which takes no tools)."""
+        keyword arguments (`chat=False`: `complete`, which takes no tools; `raw`: the prompt
+        is raw text)."""
         call = dict(kwargs)
         unknown = [k for k in call if ALIASES.get(k, k) not in (*_GENERATION, *_TOOL_SETTINGS)]
         unknown = [k for k in unknown if k != "tool_required"]
@@ -296,19 +305,20 @@ class EnsembleLLM(FunctionCallingLLM):
                 )
             call["tools"] = tool_specs(call["tools"])
         defaults = {name: getattr(self, name) for name in _GENERATION}
-        return generation_config(defaults, call)
+        return generation_config(defaults, {**call, "raw_prompt": raw or None})
 
     def _start(
-        self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
+        self, messages: list[dict[str, Any]] | str, kwargs: dict, chat: bool = True
     ) -> tuple[Iterator[Delta], Any]:
         """Validate and set up the request now (bad input fails at the call, not at the first
-        chunk) and remember the LLM call's span for the events dispatched later."""
-        config = self._call_config(kwargs, chat)
+        chunk) and remember the LLM call's span for the events dispatched later. A string is
+        a raw prompt (`complete(..., formatted=True)`)."""
+        config = self._call_config(kwargs, chat, raw=isinstance(messages, str))
         deltas = self.ensemble.stream(messages, config, on_event=self.on_event)
         return deltas, active_span_id.get()
 
     async def _astart(
-        self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
+        self, messages: list[dict[str, Any]] | str, kwargs: dict, chat: bool = True
     ) -> tuple[AsyncIterator[Delta], Any]:
         await self._handle.aget(self._settings)  # a first load (seconds): off the event loop
         deltas, span = self._start(messages, kwargs, chat)

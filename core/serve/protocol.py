@@ -15,7 +15,7 @@ import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from core.config import Delta, GenerationConfig, Stats
@@ -48,7 +48,7 @@ class Request:
     """One translated request: what the engine needs, and how to answer."""
 
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] | str  # a string: a raw prompt (/v1/completions)
     config: GenerationConfig
     stream: bool
     include_usage: bool
@@ -386,8 +386,10 @@ def completion_request(body: dict, names: Sequence[str], limits: Limits) -> Requ
     if not isinstance(prompt, str):
         raise bad_request("'prompt' must be a string.", "prompt")
     max_tokens = _max_tokens(body, limits, COMPLETION_DEFAULT_MAX_TOKENS, ("max_tokens",))
-    config = _config(body, limits, max_tokens)
-    return Request(model, [{"role": "user", "content": prompt}], config, stream, usage, False)
+    # A completion prompt is raw text, as OpenAI's and vLLM's /v1/completions read it: every
+    # member continues it with no chat template (chat goes through /v1/chat/completions).
+    config = replace(_config(body, limits, max_tokens), raw_prompt=True)
+    return Request(model, prompt, config, stream, usage, False)
 
 
 # ------------------------------------------------------------------------------ answers
