@@ -1,4 +1,4 @@
-"""GGUF members: a model as one file, the way llama.cpp, Ollama and LM Studio keep it.
+"""GGUF files: a model as one file, the way llama.cpp, Ollama and LM Studio keep it.
 
 transformers loads such a file itself (`from_pretrained(folder, gguf_file=...)`): it dequantizes
 the weights into an ordinary model and builds the tokenizer and the chat template from the
@@ -7,7 +7,8 @@ file's metadata. A bad file fails deep inside it (a struct error, a memory map p
 tensor data; the vocabulary arrays are skipped), and what is wrong with the file becomes a
 project error that names it and the fix: not a GGUF file, truncated, a version, architecture or
 quantization type transformers cannot read, a package missing. Errors transformers raises while
-loading a file that passed are translated the same way.
+loading a file that passed are translated the same way (`translated`); `core.loading.load_gguf`
+loads one.
 
 Ollama keeps its models as GGUF files without the suffix (`~/.ollama/models/blobs/sha256-...`),
 so a file is a GGUF file by its first four bytes, not by its name.
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .errors import EnsembleError, InvalidConfigError, MissingWeightsError, ModelLoadError
 
@@ -244,49 +244,15 @@ def _truncated(name: str) -> MissingWeightsError:
     )
 
 
-def load_gguf(
-    path: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    attn_implementation: str | None = None,
-):
-    """(model, tokenizer) from one GGUF file: the weights dequantized to `dtype` on `device`,
-    the tokenizer and its chat template from the file's metadata. The file is checked first."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from .loading import check_causal
-
-    header = check_file(path)
-    folder, name = str(header.path.parent), str(header.path)
-    with _one_reader():
-        with _translated(header):
-            config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        check_causal(config, name)
-        kwargs = {"dtype": dtype, "config": config}
-        if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
-        with _translated(header, attn_implementation):
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **kwargs)
-        with _translated(header):
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelLoadError(
-            f"transformers built no fast tokenizer from the GGUF file {name!r}; ensembling "
-            "needs one. Load the model's Hugging Face directory (with tokenizer.json) instead."
-        )
-    return model.to(device).eval(), tokenizer
-
-
 _READER_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _one_reader() -> Iterator[None]:
-    """transformers reads a GGUF file's metadata three times while loading it (for the config,
-    the weights and the tokenizer), each time with a new `gguf.GGUFReader`, which takes ~9 s of
-    CPU for a 262k-token vocabulary. While one member loads, the three share one reader per
-    file (a reader is only read from); where transformers stops using `gguf.GGUFReader`, this
-    changes nothing."""
+def shared_reader() -> Iterator[None]:
+    """transformers reads a GGUF file with a new `gguf.GGUFReader` for the config and again
+    for the weights, and one reader takes ~9 s of CPU on a 262k-token vocabulary (Gemma's).
+    While one member loads, those reads share one reader per file (a reader is only read
+    from); where transformers stops using `gguf.GGUFReader`, this changes nothing."""
     import gguf
 
     original = gguf.GGUFReader
@@ -307,7 +273,7 @@ def _one_reader() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _translated(header: GGUFHeader, attn_implementation: str | None = None) -> Iterator[None]:
+def translated(header: GGUFHeader, attn_implementation: str | None = None) -> Iterator[None]:
     """Errors transformers raises on a file that passed the header checks (an architecture or
     tokenizer it cannot convert, damaged tensor data), as project errors naming the file."""
     try:

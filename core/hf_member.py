@@ -80,10 +80,11 @@ class HFMember(Member):
         """A member from a model directory, a GGUF file or a hub id, or from a `Local(...)`
         spec, whose own options (chat template, stop strings, device, dtype, name) win over
         the arguments here."""
-        from .gguf import is_gguf, load_gguf
+        from .gguf import is_gguf
         from .loading import (
             check_model_source,
             load_config,
+            load_gguf,
             load_model,
             load_tokenizer,
             resolve_device,

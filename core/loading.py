@@ -21,11 +21,12 @@ from safetensors import SafetensorError, safe_open
 from .errors import (
     InvalidConfigError,
     MissingWeightsError,
+    ModelLoadError,
     ModelNotFoundError,
     NotCausalLMError,
     TokenizerMismatchError,
 )
-from .gguf import check_file, looks_like_gguf
+from .gguf import check_file, looks_like_gguf, shared_reader, translated
 from .validate import check_bool
 
 TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
@@ -250,6 +251,37 @@ def _readable_safetensors(path: Path) -> bool:
             return True
     except (SafetensorError, OSError):
         return False
+
+
+def load_gguf(
+    path: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None = None,
+):
+    """(model, tokenizer) from one GGUF file: the weights dequantized to `dtype` on `device`,
+    the tokenizer and its chat template from the file's metadata. The file is checked first."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    header = check_file(path)
+    folder, name = str(header.path.parent), str(header.path)
+    with shared_reader():
+        with translated(header):
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        check_causal(config, name)
+        kwargs = {"dtype": dtype, "config": config}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        with translated(header, attn_implementation):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **kwargs)
+        with translated(header):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"transformers built no fast tokenizer from the GGUF file {name!r}; ensembling "
+            "needs one. Load the model's Hugging Face directory (with tokenizer.json) instead."
+        )
+    return model.to(device).eval(), tokenizer
 
 
 def _raw_tokenizer_file(source: str) -> str | None:
