@@ -22,6 +22,7 @@ from .errors import (
     TokenizerMismatchError,
 )
 from .hf_member import HFMember
+from .local import Local
 from .member import Draft, Member
 from .remote import Remote, RemoteMember
 
@@ -39,6 +40,7 @@ __all__ = [
     "HFMember",
     "InvalidConfigError",
     "InvalidMessagesError",
+    "Local",
     "Member",
     "MemberError",
     "MissingWeightsError",

@@ -367,9 +367,10 @@ def _prepared(
     text then)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(
-            f"member {member!r} has no chat template; use a chat/instruct model, or give the "
-            "model directory one (chat_template.jinja, or 'chat_template' in "
-            "tokenizer_config.json)."
+            f"member {member!r} has no chat template (a base model, or a GGUF file whose "
+            "metadata holds none); give it one: Local(path, chat_template=<Jinja text or a "
+            "file>, stop=[<its end-of-turn marker>]), or chat_template.jinja in its model "
+            "directory. To send text as it is, with no template: raw_prompt=True."
         )
     specs = [tool.to_openai() for tool in tools]
     if _has_tool_use(messages) and not knows_tool_calls(tokenizer):
@@ -471,3 +472,34 @@ def _check_keys(tokenizer, member: str, messages: list[Message], tools: list | N
                     f"{what} use the key {key!r}, which holds {token!r}, a control token of "
                     f"member {member!r}'s tokenizer; rename the key."
                 )
+
+
+# --------------------------------------------------------------------------- raw prompts
+
+
+def raw_prompt_text(prompt: Any) -> str:
+    """The prompt of a `raw_prompt=True` request: one non-empty string, as every member reads
+    it."""
+    if not isinstance(prompt, str):
+        raise InvalidMessagesError(
+            f"raw_prompt=True takes the prompt as one string (the exact text every member "
+            f"reads), got {type(prompt).__name__}; pass the text, or messages with "
+            "raw_prompt=False."
+        )
+    if not prompt:
+        raise InvalidMessagesError(
+            "the raw prompt is empty; a model needs at least one token to continue from."
+        )
+    return _utf8(prompt, "the raw prompt")
+
+
+def raw_prompt_ids(tokenizer, text: str) -> list[int]:
+    """A raw prompt's ids: the text as the tokenizer reads a plain prompt, with no chat
+    template, its BOS token added where the tokenizer adds one (once, also when the text
+    spells it). Control-token text is read as those tokens: markup in a raw prompt is the
+    caller's own, as in a completions API."""
+    ids = list(tokenizer(text)["input_ids"])
+    bos = tokenizer.bos_token_id
+    if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
+        ids = ids[1:]
+    return ids

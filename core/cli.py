@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .cli_options import add_option_flags, given_options, parse_options
+from .cli_options import add_option_flags, given_options, parse_models, parse_options
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
 from .options import LOADING, REQUESTS
@@ -33,18 +33,21 @@ def generate(args: argparse.Namespace) -> None:
 
     if not args.model:
         raise InvalidConfigError("generate needs at least one --model (a directory or hub id).")
+    if args.raw and args.system:
+        raise InvalidConfigError("--raw sends the prompt as it is; it takes no --system.")
     options = {
         **GENERATE_DEFAULTS,
         **parse_options(args.option),
         **given_options(args, GENERATE_GROUPS),
     }
-    ensemble = Ensemble.from_pretrained(args.model, args.method, **options)
+    ensemble = Ensemble.from_pretrained(parse_models(args.model), args.method, **options)
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         stop=tuple(args.stop),
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        raw_prompt=args.raw,
     )
 
     def show(event) -> None:
@@ -53,6 +56,8 @@ def generate(args: argparse.Namespace) -> None:
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
+    if args.raw:
+        messages = args.prompt
     last = None
     for delta in ensemble.stream(messages, config, on_event=show if args.events else None):
         print(delta.text, end="", flush=True)
@@ -87,7 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="stream one answer from an ensemble")
     p.add_argument("prompt")
-    p.add_argument("--model", action="append", default=[], help="repeat for each member")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a member: a directory, .gguf file or hub id, or a JSON object of Local's or "
+        "Remote's fields (repeat for each member)",
+    )
     p.add_argument("--method", default=DEFAULT_METHOD)
     p.add_argument("--option", action="append", default=[], help="method option key=value")
     p.add_argument("--system", default="")
@@ -98,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[])
     p.add_argument("--events", action="store_true", help="print ensemble events to stderr")
     add_option_flags(p, GENERATE_GROUPS, GENERATE_DEFAULTS)
+    p.add_argument(
+        "--raw", action="store_true", help="the prompt is raw text: no chat template (few-shot)"
+    )
     p.set_defaults(func=generate)
 
     add_serve_command(sub)

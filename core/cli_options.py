@@ -1,10 +1,11 @@
 """Options on the command line, read the same way by every command: `--option key=value` pairs
-(a method's options) as Python values, shared by the CLI, the benchmarks and `serve`; and one
-flag per ensemble option (`core.options`), made from its declaration."""
+(a method's options) and `--model` values as Python values, shared by the CLI, the benchmarks and
+`serve`; and one flag per ensemble option (`core.options`), made from its declaration."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -69,3 +70,25 @@ def given_options(args: argparse.Namespace, groups: Iterable[str]) -> dict[str, 
         if value is not None:
             given[option.name] = value
     return given
+
+
+def parse_models(values: Sequence[str]) -> list[str | dict]:
+    """`--model` values: a directory, a .gguf file or a hub id as it is; a JSON object is one
+    member's fields (`{"path": ..., "chat_template": ..., "stop": [...]}` for a Local,
+    `{"base_url": ...}` for a Remote), which `core.sources.model_sources` reads."""
+    members: list[str | dict] = []
+    for value in values:
+        if not value.lstrip().startswith("{"):
+            members.append(value)
+            continue
+        try:
+            fields = json.loads(value)
+        except ValueError as error:
+            raise InvalidConfigError(
+                f"--model {value!r} starts like a JSON object but is not one ({error}); pass "
+                'e.g. --model \'{"path": "gemma.gguf", "chat_template": "gemma.jinja"}\'.'
+            ) from None
+        if not isinstance(fields, dict):
+            raise InvalidConfigError(f"--model {value!r}: a JSON member must be an object.")
+        members.append(fields)
+    return members

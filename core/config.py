@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InvalidConfigError
 from .events import Event
 from .grammar import Constraint, build_constraint
 from .tool_calls import InvalidToolCall, ToolCall
@@ -22,7 +23,13 @@ class GenerationConfig:
     schema, {"type": "json_object"} or OpenAI's {"type": "json_schema", ...}). They are checked
     and normalised here (`core.tools`), and together they make the request's grammar
     (`constraint`, None when there is nothing to constrain), which every method honours;
-    `grammar=False` only shows them to the members (the prompt-only baseline)."""
+    `grammar=False` only shows them to the members (the prompt-only baseline).
+
+    `raw_prompt=True`: the prompt is one string that every member reads as it is, with no chat
+    template (few-shot text, a completion prompt, a base model's own format): tokenized as the
+    member's tokenizer reads a plain text, its BOS token added where the tokenizer adds one.
+    Tools need a template to reach the members, so they are refused with it; a
+    `response_format` still constrains the answer (the prompt must ask for it itself)."""
 
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -34,6 +41,7 @@ class GenerationConfig:
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     grammar: bool = True  # False: tools and schema reach the prompts only (calls still parsed)
+    raw_prompt: bool = False  # True: the prompt is text every member reads as is, no template
     constraint: Constraint | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,8 +59,15 @@ class GenerationConfig:
             "parallel_tool_calls": check_bool("parallel_tool_calls", self.parallel_tool_calls),
             "response_format": normalize_response_format(self.response_format),
             "grammar": check_bool("grammar", self.grammar),
+            "raw_prompt": check_bool("raw_prompt", self.raw_prompt),
         }
         checked["tool_choice"] = normalize_tool_choice(self.tool_choice, checked["tools"])
+        if checked["raw_prompt"] and checked["tools"]:
+            raise InvalidConfigError(
+                "raw_prompt=True sends the prompt text as it is, with no chat template, so the "
+                "members would never see the tools; pass messages (raw_prompt=False) to call "
+                "tools."
+            )
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, here
         constraint = build_constraint(

@@ -30,7 +30,7 @@ from typing import Any
 
 from .admission import Admission, Slot, default_concurrency
 from .batching import request_threads
-from .chat import normalize_messages
+from .chat import normalize_messages, raw_prompt_text
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
@@ -90,12 +90,13 @@ class Ensemble:
     def from_pretrained(
         cls, models: Models, method: str = DEFAULT_METHOD, **options: Any
     ) -> Ensemble:
-        """Load members from local directories or hub ids, or connect to members served by vLLM
-        (`Remote(base_url=..., model=..., tokenizer=...)`); they mix freely. SAFE: the member
-        trusted most drafts (the first while all are trusted alike). By keyword: the method's
-        options and every ensemble option (`core.options`), all checked before anything
-        loads; `device`, `dtype`, `use_safetensors` and `attn_implementation` concern
-        in-process members only."""
+        """Load members from local directories, GGUF files or hub ids (each a `Local(...)` when it
+        needs options of its own: a chat template, stop strings, its device, dtype or name), or
+        connect to members served by vLLM (`Remote(base_url=..., model=..., tokenizer=...)`);
+        they mix freely. SAFE: the member trusted most drafts (the first while all are trusted
+        alike). By keyword: the method's options and every ensemble option (`core.options`),
+        all checked before anything loads; `device`, `dtype`, `names`, `use_safetensors` and
+        `attn_implementation` concern in-process members, where a Local's own option wins."""
         models = model_sources(models)
         if not models:
             raise InvalidConfigError(
@@ -159,7 +160,8 @@ class Ensemble:
                 f" (a {type(on_event).__name__}). Pass e.g. on_event=print, or on_event=lambda e: "
                 "print(e.to_dict())."
             )
-        return self._start(normalize_messages(messages), config, on_event, admitted)
+        prompt = raw_prompt_text(messages) if config.raw_prompt else normalize_messages(messages)
+        return self._start(prompt, config, on_event, admitted)
 
     def generate(
         self,
@@ -388,7 +390,8 @@ class _Run:
                 for member in self.algorithm.active:  # the members' cache room, claimed first
                     member.reserve(self.request.config.max_new_tokens)
                 self.started = time.perf_counter()
-                splitter = ResponseSplitter(self.request.config)
+                stops = [s for member in self.members for s in member.stop_strings]
+                splitter = ResponseSplitter(self.request.config, stops)
                 try:
                     finish = yield from self._commits(splitter)
                 except CallbackFailed as failed:

@@ -12,6 +12,7 @@ requests leave their prefixes in the member's `PrefixPool` (copied out of the st
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ import torch
 
 from .batching import Pass, batcher_for
 from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
+from .local import Local, single_token_ids
 from .member import Member
 from .vocab import Vocab, stop_logprob
 
@@ -30,7 +32,9 @@ _SCORING_ROOM = 64  # positions a request's row keeps free past its text for sco
 class HFMember(Member):
     """An in-process Hugging Face causal LM with its tokenizer, device, dtype and KV cache."""
 
-    def __init__(self, name: str, model, tokenizer) -> None:
+    def __init__(self, name: str, model, tokenizer, stop: Sequence[str] = ()) -> None:
+        """`stop`: the strings this member's chat template ends a turn with (`Local.stop`);
+        those that are one control token of its vocabulary join its stop ids."""
         super().__init__()
         self.name = name
         self.model = model
@@ -42,7 +46,10 @@ class HFMember(Member):
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if tokenizer.eos_token_id is not None:
             eos.append(tokenizer.eos_token_id)
-        self.stop_ids = frozenset(self.vocab.special_ids) | frozenset(eos)
+        self.stop_strings = tuple(stop)
+        self.stop_ids = (
+            frozenset(self.vocab.special_ids) | frozenset(eos) | single_token_ids(tokenizer, stop)
+        )
         config = model.config.get_text_config()
         self.context_window = int(
             getattr(config, "max_position_embeddings", None)
@@ -62,7 +69,7 @@ class HFMember(Member):
     @classmethod
     def load(
         cls,
-        source,
+        source: str | os.PathLike | Local,
         *,
         device: str | torch.device | None = "auto",
         dtype: str | torch.dtype | None = "auto",
@@ -70,25 +77,34 @@ class HFMember(Member):
         use_safetensors: bool = True,
         attn_implementation: str | None = None,
     ) -> HFMember:
-        from pathlib import Path
-
+        """A member from a model directory, a GGUF file or a hub id, or from a `Local(...)`
+        spec, whose own options (chat template, stop strings, device, dtype, name) win over
+        the arguments here."""
+        from .gguf import is_gguf
         from .loading import (
             check_model_source,
             load_config,
+            load_gguf,
             load_model,
             load_tokenizer,
             resolve_device,
             resolve_dtype,
         )
 
-        source = check_model_source(source, use_safetensors)
-        load_config(source)
-        resolved = resolve_device(device)
-        model = load_model(
-            source, resolved, resolve_dtype(dtype, resolved), use_safetensors, attn_implementation
-        )
-        tokenizer = load_tokenizer(source)
-        return cls(name or Path(source).name or source, model, tokenizer)
+        spec = source if isinstance(source, Local) else Local(source)
+        path = check_model_source(spec.path, use_safetensors)
+        resolved = resolve_device(spec.device or device)
+        resolved_dtype = resolve_dtype(spec.dtype or dtype, resolved)
+        if is_gguf(path):
+            model, tokenizer = load_gguf(path, resolved, resolved_dtype, attn_implementation)
+        else:
+            load_config(path)
+            model = load_model(path, resolved, resolved_dtype, use_safetensors, attn_implementation)
+            tokenizer = load_tokenizer(path)
+        template = spec.template_text()
+        if template is not None:
+            tokenizer.chat_template = template
+        return cls(spec.name or name or spec.label, model, tokenizer, spec.stop)
 
     def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> HFMember:
         """`reuse=False`: this request neither takes nor leaves cached prompt prefixes."""

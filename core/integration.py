@@ -30,12 +30,14 @@ from .ensemble import Ensemble
 from .errors import InvalidConfigError
 from .events import Event
 from .loading import check_model_source
+from .local import Local
 from .methods import DEFAULT_METHOD, METHOD_NAMES, check_method
 from .options import BY_NAME as OPTIONS_BY_NAME
 from .options import NAMES as OPTION_NAMES
 from .options import OPTIONS, check_options
-from .remote import Remote, source_label
+from .remote import Remote
 from .shared import shared_ensemble
+from .sources import Source, source_label
 from .summary import request_summary
 from .tool_calls import InvalidToolCall, ToolCall
 
@@ -47,9 +49,10 @@ ALIASES = {"max_tokens": "max_new_tokens"}
 LOADING_FIELDS: dict[str, dict[str, Any]] = {
     "models": {
         "default_factory": list,
-        "description": "Local model directories, hub ids, or Remote(...) members served by "
-        "vLLM (a dict of Remote's fields works too); SAFE drafts with the most trusted (the "
-        "first while all are trusted alike).",
+        "description": "Local model directories, .gguf files, hub ids, Local(...) members with "
+        "their own options (chat_template, stop, dtype, device, name) or Remote(...) members "
+        "served by vLLM (a dict of Local's or Remote's fields works too); SAFE drafts with the "
+        "most trusted (the first while all are trusted alike).",
     },
     "method": {"default": DEFAULT_METHOD, "description": " | ".join(METHOD_NAMES)},
     "method_options": {
@@ -101,12 +104,12 @@ def wrapped_fields(ensemble: Ensemble, given: Iterable[str], how: str) -> dict[s
 
 @dataclass(frozen=True)
 class EnsembleSettings:
-    """How an adapter loads its engine: the members (paths, hub ids or `Remote`s; SAFE drafts
-    with the most trusted, the first while all are trusted alike), the method and its
-    options, and the ensemble options (`core.options`, by name; those not given take their
+    """How an adapter loads its engine: the members (paths, hub ids, `Local`s or `Remote`s;
+    SAFE drafts with the most trusted, the first while all are trusted alike), the method and
+    its options, and the ensemble options (`core.options`, by name; those not given take their
     defaults)."""
 
-    models: Sequence[str | Remote]
+    models: Sequence[Source]
     method: str = DEFAULT_METHOD
     method_options: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -123,15 +126,15 @@ class EnsembleSettings:
         one entry per model in per-model lists, and with `sources` that local paths exist."""
         if not self.models:
             raise InvalidConfigError(
-                "models is empty; pass models=[...] (local model directories, hub ids or "
-                "Remote(...) members, e.g. core.testbed.model_paths()), or wrap an Ensemble you "
-                f"built: {wrap}."
+                "models is empty; pass models=[...] (local model directories, .gguf files, hub "
+                "ids, Local(...) or Remote(...) members, e.g. core.testbed.model_paths()), or "
+                f"wrap an Ensemble you built: {wrap}."
             )
         check_method(self.method, len(self.models), dict(self.method_options))
         check_options(self.options).check_members(len(self.models))
         for model in self.models if sources else ():  # a wrong path fails now, not at loading
             if not isinstance(model, Remote):
-                check_model_source(model)
+                check_model_source(model.path if isinstance(model, Local) else model)
 
     @property
     def label(self) -> str:

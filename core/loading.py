@@ -1,4 +1,5 @@
-"""Loading one member's model and tokenizer from a local directory or a hub id, with clear errors.
+"""Loading one member's model and tokenizer from a local directory or a hub id, with clear errors
+(a GGUF file loads through `core.gguf`).
 
 This is the same `from_pretrained` path users take with real models; the shipped testbed models
 are just local directories. Two traps are handled here: safetensors/`trust_remote_code=False` by
@@ -20,10 +21,12 @@ from safetensors import SafetensorError, safe_open
 from .errors import (
     InvalidConfigError,
     MissingWeightsError,
+    ModelLoadError,
     ModelNotFoundError,
     NotCausalLMError,
     TokenizerMismatchError,
 )
+from .gguf import check_file, looks_like_gguf, shared_reader, translated
 from .validate import check_bool
 
 TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
@@ -87,6 +90,9 @@ def check_model_source(spec: str | os.PathLike, use_safetensors: bool = True) ->
             "hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
         )
     path = Path(spec).expanduser()
+    if looks_like_gguf(path):
+        check_file(path)
+        return str(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
@@ -125,9 +131,9 @@ def _not_a_directory(spec: str, path: Path) -> str:
         )
     return (
         f"{found}; a model is a directory with config.json, the weights (*.safetensors) and the "
-        "tokenizer files, as save_pretrained writes it (a single weights file, .gguf or .bin, "
-        "cannot be loaded on its own): pass that directory, or a hub id like "
-        "'Qwen/Qwen2.5-0.5B-Instruct'."
+        "tokenizer files, as save_pretrained writes it, or one GGUF file (a single .bin or "
+        ".safetensors file cannot be loaded on its own): pass that directory, a .gguf file, or "
+        "a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
     )
 
 
@@ -156,7 +162,6 @@ def _is_causal(config, causal_types) -> bool:
 
 def load_config(source: str):
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     try:
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
@@ -166,13 +171,20 @@ def load_config(source: str):
             "spelling and that it is in the local cache when offline (HF_HUB_OFFLINE=1); or "
             "pass a local directory."
         ) from error
+    check_causal(config, source)
+    return config
+
+
+def check_causal(config, source: str) -> None:
+    """Refuse a model that does not generate text token by token (an encoder, a seq2seq)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     if not _is_causal(config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         raise NotCausalLMError(
             f"{source!r} is a {config.model_type!r} model, which is not a causal (decoder-only) "
             "language model; ensembling needs models that generate text token by token, e.g. "
             "Llama, Qwen2, GPT-2, Mistral or Gemma checkpoints."
         )
-    return config
 
 
 def load_model(
@@ -239,6 +251,37 @@ def _readable_safetensors(path: Path) -> bool:
             return True
     except (SafetensorError, OSError):
         return False
+
+
+def load_gguf(
+    path: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    attn_implementation: str | None = None,
+):
+    """(model, tokenizer) from one GGUF file: the weights dequantized to `dtype` on `device`,
+    the tokenizer and its chat template from the file's metadata. The file is checked first."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    header = check_file(path)
+    folder, name = str(header.path.parent), str(header.path)
+    with shared_reader():
+        with translated(header):
+            config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        check_causal(config, name)
+        kwargs = {"dtype": dtype, "config": config}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        with translated(header, attn_implementation):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, **kwargs)
+        with translated(header):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(
+            f"transformers built no fast tokenizer from the GGUF file {name!r}; ensembling "
+            "needs one. Load the model's Hugging Face directory (with tokenizer.json) instead."
+        )
+    return model.to(device).eval(), tokenizer
 
 
 def _raw_tokenizer_file(source: str) -> str | None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .chat import Message, prompt_ids
+from .chat import Message, prompt_ids, raw_prompt_ids
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .grammar import Constraint, ConstraintError, GrammarViolation, Matcher, constrain
 from .kv import common_prefix
@@ -85,6 +85,7 @@ class Member(ABC):
     vocab: Vocab
     stop_ids: frozenset[int]
     context_window: int
+    stop_strings: tuple[str, ...] = ()  # end the response as stop strings do (`Local.stop`)
     gives_logits = True  # `score(raw=True)` works (a server may give log-probs only)
 
     def __init__(self) -> None:
@@ -175,27 +176,31 @@ class Member(ABC):
 
     def render(
         self,
-        messages: list[Message],
+        messages: list[Message] | str,
         tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
     ) -> list[int]:
         """The prompt ids: the messages in this member's own chat template, with the tools and
         the answer's schema where the request has them. Only the template's markup becomes
         control tokens (`core.chat.prompt_ids`): a message that spells `<|im_end|>` is read as
-        that text."""
+        that text. A string is a raw prompt (`GenerationConfig.raw_prompt`): read as it is,
+        with no template (`core.chat.raw_prompt_ids`)."""
         with tokenizer_lock(self.tokenizer):
+            if isinstance(messages, str):
+                return raw_prompt_ids(self.tokenizer, messages)
             return prompt_ids(self.tokenizer, messages, self.name, tools, response_format)
 
     def start(
         self,
-        messages: list[Message],
+        messages: list[Message] | str,
         tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
         constraint: Constraint | None = None,
     ) -> int:
         """Begin a request: render the prompt with this member's template (and the request's
-        tools and answer schema); a `constraint` gives this member a grammar matcher for its
-        own tokenizer. Returns the prompt's length."""
+        tools and answer schema), or take a raw prompt (a string) as it is; a `constraint`
+        gives this member a grammar matcher for its own tokenizer. Returns the prompt's
+        length."""
         prompt = self.render(messages, tools, response_format)
         grammar = Matcher(constraint, self.vocab, self.stop_ids) if constraint else None
         if len(prompt) >= self.context_window:

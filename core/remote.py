@@ -217,14 +217,6 @@ class Remote:
 _SECRETS = ("api_key", "basic_auth")
 
 
-def source_label(source: str | os.PathLike | Remote) -> str:
-    """A member source as adapters show it: a directory's name, a hub id, a Remote's name."""
-    if isinstance(source, Remote):
-        return source.label
-    text = os.fspath(source)
-    return Path(text).name or text
-
-
 class _RemoteDraft(Draft):
     """A Draft whose rows may come later: fetched from the server on first read. SAFE reads
     them, SpecEM and single never do, and full-vocabulary rows for every drafted token cost real
@@ -762,4 +754,4 @@ def connect(spec: Remote, name: str | None = None) -> RemoteMember:
     return RemoteMember(spec, name)
 
 
-__all__ = ["Remote", "RemoteMember", "connect", "source_label", "wait_until_healthy"]
+__all__ = ["Remote", "RemoteMember", "connect", "wait_until_healthy"]

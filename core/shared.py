@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from .ensemble import Ensemble
+from .local import Local
 from .methods import DEFAULT_METHOD
 from .remote import Remote
-from .sources import Models, model_sources
+from .sources import Models, Source, model_sources
 
 _loaded: weakref.WeakValueDictionary[str, Ensemble] = weakref.WeakValueDictionary()
 _loading = threading.Lock()  # one load at a time: two threads asking together load once
@@ -29,9 +30,20 @@ _loading = threading.Lock()  # one load at a time: two threads asking together l
 _recent: collections.deque[Ensemble] = collections.deque(maxlen=2)
 
 
-def _source_key(model: str | Remote) -> str:
+def _source_key(model: Source) -> str:
     if isinstance(model, Remote):  # every field, keys as digests: no borrowed authority
         return model.fingerprint()
+    if isinstance(model, Local):  # the same files with other options are another member
+        options = {k: v for k, v in model.public_fields().items() if k != "path"}
+        if model.chat_template is not None:  # a template file counts by its text
+            options["chat_template"] = model.template_text()
+        if options:
+            return repr((_path_key(model.path), sorted(options.items())))
+        model = model.path  # Local(path) is the path
+    return _path_key(model)
+
+
+def _path_key(model: str) -> str:
     path = Path(model).expanduser()
     return str(path.resolve()) if path.exists() else model
 

@@ -8,6 +8,8 @@ an answer constrained by a `response_format` (a stop string must not cut a JSON 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .config import GenerationConfig
 from .stops import StopFilter
 from .tool_calls import InvalidToolCall, ToolCall, ToolCallStream
@@ -17,10 +19,13 @@ class ResponseSplitter:
     """Splits the committed text, as it grows, into the content a delta shows (cut at the first
     stop string) and the tool calls that closed."""
 
-    def __init__(self, config: GenerationConfig) -> None:
+    def __init__(self, config: GenerationConfig, member_stops: Sequence[str] = ()) -> None:
+        """`member_stops`: the members' own stop strings (`Local.stop`), which end the content
+        as the request's do."""
         offered = [tool.name for tool in config.tools]
         self.calls = ToolCallStream(offered) if config.calls_tools else None
-        self.stops = StopFilter(() if config.response_format is not None else config.stop)
+        stops = () if config.response_format is not None else (*config.stop, *member_stops)
+        self.stops = StopFilter(stops)
 
     @property
     def stop_string_found(self) -> bool:

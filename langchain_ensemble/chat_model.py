@@ -42,6 +42,7 @@ from core.integration import (
     option_fields,
     wrapped_fields,
 )
+from core.local import Local
 from core.options import option_values
 from core.remote import Remote
 from core.sources import model_sources, public_sources
@@ -82,7 +83,8 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
     one LangChain chat model.
 
     Setup:
-        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        The models are local directories, GGUF files or hub ids (a `Local(path, chat_template=...,
+        stop=...)` where one needs options of its own), or `Remote(...)` members served by vLLM;
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction loads nothing: the first request loads the models, once per configuration
         (`models`, `method`, `method_options` and the ensemble options) for every instance.
@@ -149,7 +151,7 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
 
     model_config = ConfigDict(populate_by_name=True)
 
-    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    models: list[str | Local | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
 
@@ -183,11 +185,11 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
 
     @field_validator("models", mode="before")
     @classmethod
-    def _model_list(cls, value: Any) -> list[str | Remote]:
+    def _model_list(cls, value: Any) -> list[str | Local | Remote]:
         return model_sources(value)
 
     @field_serializer("models")
-    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+    def _models_without_credentials(self, models: list[str | Local | Remote]) -> list[str | dict]:
         return public_sources(models)  # keys stay out of dumps, traces and saved configs
 
     @model_validator(mode="after")

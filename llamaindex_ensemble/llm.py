@@ -58,6 +58,7 @@ from core.integration import (
     option_fields,
     wrapped_fields,
 )
+from core.local import Local
 from core.options import option_values
 from core.remote import Remote
 from core.sources import model_sources, public_sources
@@ -88,7 +89,8 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
     one LlamaIndex chat LLM.
 
     Setup:
-        The models are local directories or hub ids (or `Remote(...)` members served by vLLM);
+        The models are local directories, GGUF files or hub ids (a `Local(path, chat_template=...,
+        stop=...)` where one needs options of its own), or `Remote(...)` members served by vLLM;
         `core.testbed.model_paths()` gives three tiny shipped ones that run offline on CPU.
         Construction checks the paths and loads nothing: the first request loads the models,
         once per configuration (`models`, `method`, `method_options` and the ensemble options)
@@ -117,7 +119,10 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
         llm.chat([ChatMessage(role="user", content="...")])
         ```
         Each member renders the messages with its own chat template (never LlamaIndex's
-        generic `messages_to_prompt`); `complete` is one user turn.
+        generic `messages_to_prompt`); `complete` is one user turn. `complete(text,
+        formatted=True)` says the text is already in the form the model reads: every member
+        gets it as it is, with no chat template (`GenerationConfig.raw_prompt`), as
+        LlamaIndex's local-model LLMs (HuggingFaceLLM, LlamaCPP) pass a formatted prompt on.
 
     Stream:
         ```python
@@ -147,7 +152,7 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
         under `raw["ensemble"]` (`core.summary.request_summary`).
     """
 
-    models: list[str | Remote] = Field(**LOADING_FIELDS["models"])
+    models: list[str | Local | Remote] = Field(**LOADING_FIELDS["models"])
     method: str = Field(**LOADING_FIELDS["method"])
     method_options: dict[str, Any] = Field(**LOADING_FIELDS["method_options"])
     max_new_tokens: int = Field(default=256, description="Output tokens per call (num_output).")
@@ -164,7 +169,7 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
     _handle: EnsembleHandle = PrivateAttr(default_factory=EnsembleHandle)
 
     @field_serializer("models")
-    def _models_without_credentials(self, models: list[str | Remote]) -> list[str | dict]:
+    def _models_without_credentials(self, models: list[str | Local | Remote]) -> list[str | dict]:
         return public_sources(models)  # keys stay out of to_dict, to_json and saved configs
 
     def __init__(self, *, ensemble: Ensemble | None = None, **data: Any) -> None:
@@ -253,16 +258,20 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
 
     # --- wiring ----------------------------------------------------------------------------
 
-    def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]]:
-        """`formatted=True`: the caller already applied its prompt wrapping; the members' chat
-        templates are applied either way (a raw prompt cannot suit three templates)."""
+    def _prompt(self, prompt: str, formatted: bool) -> list[dict[str, str]] | str:
+        """What `complete` sends: one user turn (after `completion_to_prompt`, with the
+        system prompt), or with `formatted=True` the text itself, which the engine gives every
+        member as it is, with no chat template (a string is a raw prompt here)."""
         if formatted:
-            return completion_messages(prompt)
+            return prompt
         return completion_messages(self.completion_to_prompt(prompt), self.system_prompt)
 
-    def _call_config(self, kwargs: dict[str, Any], chat: bool = True) -> GenerationConfig:
+    def _call_config(
+        self, kwargs: dict[str, Any], chat: bool = True, raw: bool = False
+    ) -> GenerationConfig:
         """The call's one GenerationConfig: the instance's settings, overridden by the call's
-        keyword arguments (`chat=False`: `complete`, which takes no tools)."""
+        keyword arguments (`chat=False`: `complete`, which takes no tools; `raw`: the prompt
+        is raw text)."""
         call = dict(kwargs)
         unknown = [k for k in call if ALIASES.get(k, k) not in (*_GENERATION, *_TOOL_SETTINGS)]
         unknown = [k for k in unknown if k != "tool_required"]
@@ -285,19 +294,20 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
                 )
             call["tools"] = tool_specs(call["tools"])
         defaults = {name: getattr(self, name) for name in _GENERATION}
-        return generation_config(defaults, call)
+        return generation_config(defaults, {**call, "raw_prompt": raw or None})
 
     def _start(
-        self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
+        self, messages: list[dict[str, Any]] | str, kwargs: dict, chat: bool = True
     ) -> tuple[Iterator[Delta], Any]:
         """Validate and set up the request now (bad input fails at the call, not at the first
-        chunk) and remember the LLM call's span for the events dispatched later."""
-        config = self._call_config(kwargs, chat)
+        chunk) and remember the LLM call's span for the events dispatched later. A string is
+        a raw prompt (`complete(..., formatted=True)`)."""
+        config = self._call_config(kwargs, chat, raw=isinstance(messages, str))
         deltas = self.ensemble.stream(messages, config, on_event=self.on_event)
         return deltas, active_span_id.get()
 
     async def _astart(
-        self, messages: list[dict[str, Any]], kwargs: dict, chat: bool = True
+        self, messages: list[dict[str, Any]] | str, kwargs: dict, chat: bool = True
     ) -> tuple[AsyncIterator[Delta], Any]:
         await self._handle.aget(self._settings)  # a first load (seconds): off the event loop
         deltas, span = self._start(messages, kwargs, chat)

@@ -50,10 +50,13 @@ class Bodies:
 def reference(ensemble, body: dict, default_max_tokens: int = 2048) -> Output:
     """What the ensemble writes in process for the request `body` (an OpenAI chat or completion
     body as a client sent it), read field by field here, independently of the server."""
-    messages = body.get("messages") or [{"role": "user", "content": body["prompt"]}]
-    messages = [
-        {**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages
-    ]
+    if "messages" in body:
+        messages = [
+            {**m, "role": "system" if m["role"] == "developer" else m["role"]}
+            for m in body["messages"]
+        ]
+    else:  # /v1/completions: the prompt is raw text, read with no chat template
+        messages = body["prompt"]
     stop = body.get("stop") or ()
     config = GenerationConfig(
         max_new_tokens=body.get("max_completion_tokens")
@@ -67,6 +70,7 @@ def reference(ensemble, body: dict, default_max_tokens: int = 2048) -> Output:
         tool_choice=body.get("tool_choice") or "auto",
         parallel_tool_calls=body.get("parallel_tool_calls", True),
         response_format=body.get("response_format"),
+        raw_prompt="messages" not in body,
     )
     return ensemble.generate(messages, config)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from gguf_files import damaged_copy, write_tiny_gguf
 from pydantic import ValidationError
 
 from core import (
@@ -30,7 +31,9 @@ from core import (
     GenerationConfig,
     InvalidConfigError,
     InvalidMessagesError,
+    Local,
     MissingWeightsError,
+    ModelLoadError,
     ModelNotFoundError,
 )
 from core.testbed import model_paths
@@ -68,10 +71,15 @@ class Env:
 
     @property
     def lone_file(self) -> str:
-        """A weights file that is in no model directory."""
-        path = self.tmp / "model.gguf"
-        path.write_bytes(b"GGUF")
+        """A weights file that is in no model directory (and is no GGUF file)."""
+        path = self.tmp / "pytorch_model.bin"
+        path.write_bytes(b"PK\x03\x04")
         return str(path)
+
+    def gguf(self, how: str = "", **options: Any) -> str:
+        """A tiny GGUF model file (`tests/gguf_files.py`), damaged as `how` says ("" whole)."""
+        path = write_tiny_gguf(self.tmp / "tiny.gguf", **options)
+        return str(damaged_copy(path, self.tmp / f"{how}.gguf", how) if how else path)
 
 
 class _RunsCode:
@@ -200,7 +208,28 @@ FROM_PRETRAINED = [
     row("path-is-config-file", pretrained(lambda env: [env.config_file]), ModelNotFoundError,
         "is a file, not a model directory; a model is the directory that holds config.json"),
     row("path-is-lone-weights-file", pretrained(lambda env: [env.lone_file]), ModelNotFoundError,
-        "a single weights file, .gguf or .bin, cannot be loaded on its own"),
+        "a single .bin or .safetensors file cannot be loaded on its own"),
+    row("gguf-truncated", pretrained(lambda env: [env.gguf("truncated")]), MissingWeightsError,
+        "is truncated: its tensors need 30,528 bytes and the file has 15,264"),
+    row("gguf-magic-flipped", pretrained(lambda env: [env.gguf("magic")]), MissingWeightsError,
+        "is not a GGUF file (it starts with b'FUGG', not b'GGUF')"),
+    row("gguf-not-gguf", pretrained(lambda env: [env.gguf("text")]), MissingWeightsError,
+        "is not a GGUF file (it starts with b'<htm'"),
+    row("gguf-architecture-unsupported",
+        pretrained(lambda env: [env.gguf(architecture="deepseek2")]), ModelLoadError,
+        "holds a 'deepseek2' model, an architecture transformers cannot load from GGUF"),
+    row("gguf-quantization-unreadable", pretrained(lambda env: [env.gguf("unreadable-type")]),
+        ModelLoadError, "as Q8_1, which the gguf package cannot dequantize"),
+    row("gguf-quantization-unknown", pretrained(lambda env: [env.gguf("unknown-type")]),
+        ModelLoadError, "as ggml type 99, which the installed gguf package does not know"),
+    row("local-chat_template-no-file", pretrained(lambda env: [Local(env.paths[0],
+        chat_template="gemma.jinja")]), InvalidConfigError,
+        "is neither Jinja text (it has no '{{' or '{%') nor an existing file"),
+    row("local-stop-empty", pretrained(lambda env: [Local(env.paths[0], stop=[""])]),
+        InvalidConfigError, "Local stop must hold non-empty strings, but entry 0 is an empty"),
+    row("local-dict-without-path", pretrained(lambda env: [{"chat_template": "{{ x }}"}]),
+        InvalidConfigError, "a dict with neither path nor base_url; a dict with path stands "
+        "for Local(...)"),
     row("path-missing", pretrained(lambda env: [str(env.tmp / "nope")]), ModelNotFoundError,
         "does not exist; pass an existing local directory"),
     row("path-misspelt", pretrained(lambda env: [env.paths[0][:-1] + "x"]), ModelNotFoundError,
@@ -331,6 +360,15 @@ MESSAGES = [
     row("tool-call-arguments-2000-deep",
         lambda env: env.ensemble("single").stream(_deep_call(2000)), InvalidMessagesError,
         "has arguments nested 2001 levels deep; at most 64 are read"),
+    row("raw_prompt-messages", lambda env: env.ensemble("single").stream(
+        [{"role": "user", "content": "Hi"}], raw_prompt=True), InvalidMessagesError,
+        "raw_prompt=True takes the prompt as one string"),
+    row("raw_prompt-empty", lambda env: env.ensemble("single").stream("", raw_prompt=True),
+        InvalidMessagesError, "the raw prompt is empty"),
+    row("raw_prompt-with-tools", config(raw_prompt=True, tools=[ADD]), InvalidConfigError,
+        "the members would never see the tools; pass messages (raw_prompt=False)"),
+    row("raw_prompt-string", config(raw_prompt="yes"), InvalidConfigError,
+        "pass raw_prompt=True or raw_prompt=False"),
 ]  # fmt: skip
 
 TOOLS = [

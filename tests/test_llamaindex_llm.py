@@ -91,9 +91,11 @@ def test_system_prompt_and_formatted_completion(tiny_members):
         ensemble=Ensemble(tiny_members, "token"), max_new_tokens=4, system_prompt="Be brief."
     )
     with_system = tutor.complete(QUESTION).raw["stats"]["prompt_tokens"]
-    without = tutor.complete(QUESTION, formatted=True).raw["stats"]["prompt_tokens"]
-    assert without == plain.complete(QUESTION).raw["stats"]["prompt_tokens"]
+    without = plain.complete(QUESTION).raw["stats"]["prompt_tokens"]
     assert all(with_system[name] > without[name] for name in without)
+    # formatted=True: the text is already the prompt, read as it is (no template, no system)
+    raw = tutor.complete(QUESTION, formatted=True).raw["stats"]["prompt_tokens"]
+    assert raw == {m.name: len(m.tokenizer(QUESTION).input_ids) for m in tiny_members}
 
 
 def test_metadata_reports_the_smallest_window(tmp_path, tiny_dirs):

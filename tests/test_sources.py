@@ -30,14 +30,25 @@ def test_every_accepted_form_becomes_a_list_of_sources(tmp_path):
 @pytest.mark.parametrize(
     ("models", "match"),
     [
-        (3, r"models is 3 of type int; pass a local model directory, a hub id"),
+        (3, r"models is 3 of type int; pass a local model directory, a .gguf file, a hub id"),
         (None, r"models is None; pass"),
         ({"base_url": "http://h:1/v1"}, r"models is \{.*\} of type dict; .*or a list of them"),
         (["org/model", 3], r"models\[1\] is 3 of type int; each member is"),
         ([b"org/model"], r"models\[0\] is b'org/model' of type bytes"),
         ([""], r"models\[0\] is an empty string"),
-        ([{"url": "http://h:1/v1"}], r"models\[0\] is a dict with unknown field\(s\) url;"),
-        ([{"model": "m"}], r"models\[0\] is a dict with no base_url"),
+        (
+            [{"base_url": "http://h:1/v1", "url": "x"}],
+            r"models\[0\] is a dict for Remote\(...\) with unknown field\(s\) url;",
+        ),
+        (
+            [{"path": "m.gguf", "template": "t"}],
+            r"models\[0\] is a dict for Local\(...\) with unknown field\(s\) template; it takes",
+        ),
+        (
+            [{"model": "m"}],
+            r"models\[0\] is a dict with neither path nor base_url; a dict with path",
+        ),
+        ([{"path": "m", "base_url": "http://h:1/v1"}], r"a dict with both path and base_url"),
     ],
 )
 def test_anything_else_is_a_clear_error(models, match):

@@ -4,8 +4,8 @@
 Every field OpenAI defines for the two endpoints is either honoured, accepted at the value that
 means "nothing asked" (`n: 1`, `logprobs: false`, penalties 0), or refused with a 422 that says
 why; a field OpenAI does not define is a 400, as OpenAI answers it, so a typo never passes
-silently. A completion prompt is sent as one user turn: the members are chat models and each
-renders it with its own chat template.
+silently. A completion prompt is raw text, as OpenAI's and vLLM's /v1/completions read it:
+every member continues it with no chat template (a chat goes through /v1/chat/completions).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from core.config import Delta, Output
@@ -244,9 +245,8 @@ def completion_job(body: dict, names: Sequence[str], limits: Limits) -> Job:
     if not isinstance(prompt, str):
         raise bad_request("'prompt' must be a string.", "prompt")
     tokens = fields.max_tokens(body, limits, COMPLETION_DEFAULT_MAX_TOKENS, ("max_tokens",))
-    config = fields.generation_config(body, limits, tokens)
-    messages = [{"role": "user", "content": prompt}]
-    return Job("completions", model, messages, config, stream, usage)
+    config = replace(fields.generation_config(body, limits, tokens), raw_prompt=True)
+    return Job("completions", model, prompt, config, stream, usage)
 
 
 # ------------------------------------------------------------------------------ answers

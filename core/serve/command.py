@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_options import add_option_flags, given_options, parse_options
+from ..cli_options import add_option_flags, given_options, parse_models, parse_options
 from ..errors import InvalidConfigError
 from ..options import GROUPS
 from .settings import SERVE_DEFAULTS, ServeSettings, build_settings, read_config
@@ -32,7 +32,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return build_settings(
         read_config(args.config) if args.config else None,
         ensemble={
-            "members": args.model or None,
+            "members": parse_models(args.model) or None,
             "method": args.method,
             "options": parse_options(args.option) or None,
             **given_options(args, GROUPS),
@@ -59,7 +59,13 @@ def add_command(sub) -> None:
         help="serve the ensemble as one OpenAI-compatible model over HTTP (needs the serve extra)",
     )
     p.add_argument("--config", default=None, help="ensemble.toml: members, method, options, ...")
-    p.add_argument("--model", action="append", default=[], help="repeat for each member")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a member: a directory, .gguf file or hub id, or a JSON object of Local's or "
+        "Remote's fields (repeat for each member)",
+    )
     p.add_argument("--method", default=None, help="safe | specem | token | single")
     p.add_argument("--option", action="append", default=[], help="method option key=value")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (others need a key)")

@@ -21,7 +21,7 @@ class Job:
 
     api: str
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] | str  # a string: a raw prompt (/v1/completions)
     config: GenerationConfig
     stream: bool
     include_usage: bool = False

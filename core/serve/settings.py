@@ -7,6 +7,7 @@ configuration before anything heavy is imported.
 ```toml
 method = "safe"
 members = ["Qwen/Qwen2.5-1.5B-Instruct",
+           {path = "gemma-3-270m.gguf", chat_template = "gemma.jinja", stop = ["<end_of_turn>"]},
            {base_url = "http://10.0.0.5:8000/v1", model = "llama", tokenizer = "meta-llama/..."}]
 on_member_failure = "drop"      # any ensemble option (core.options), by its name
 max_concurrency = 16
@@ -72,7 +73,7 @@ class EnsembleSpec:
     the ensemble options (`core.options`), checked; each reads as an attribute too
     (`spec.max_concurrency`)."""
 
-    members: tuple[Any, ...] = ()  # paths, hub ids, or dicts of `Remote`'s fields
+    members: tuple[Any, ...] = ()  # paths, .gguf files, hub ids, dicts of Local's/Remote's fields
     method: str = DEFAULT_METHOD
     options: dict[str, Any] = field(default_factory=dict)  # the method's options
     settings: Options = field(default_factory=lambda: check_options({}, defaults=SERVE_DEFAULTS))
@@ -97,8 +98,9 @@ class EnsembleSpec:
 
         if not self.members:
             raise InvalidConfigError(
-                "serve needs members: --model PATH (repeat per member) or members = [...] in "
-                "the --config file."
+                "serve needs members: --model PATH (repeat per member: a directory, a .gguf "
+                "file, a hub id, or a JSON object of Local's or Remote's fields) or "
+                "members = [...] in the --config file."
             )
         return Ensemble.from_pretrained(
             list(self.members), self.method, **self.settings, **self.options

@@ -1,0 +1,191 @@
+"""GGUF members and `Local(...)` specs, on tiny GGUF files written here (`tests/gguf_files.py`):
+a file loads with the tokenizer and chat template its metadata holds, under any name; a Local
+carries one member's own template, stop strings, dtype and name everywhere a path goes; a bad
+file fails at load with a project error naming it and the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+import torch
+from gguf_files import CHATML, damaged_copy, write_tiny_gguf
+
+from core import (
+    ChatTemplateError,
+    Ensemble,
+    HFMember,
+    Local,
+    MissingWeightsError,
+    ModelLoadError,
+)
+from core.cli_options import parse_models
+from core.serve.settings import build_settings
+from core.shared import configuration_key
+from core.sources import model_sources, public_sources
+from langchain_ensemble import ChatEnsemble
+from llamaindex_ensemble import EnsembleLLM
+
+HELLO = [{"role": "user", "content": "Hi there"}]
+BRACKETS = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-chat.gguf")
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    """A GGUF file whose metadata holds no chat template (a base model)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-base.gguf", chat_template=None)
+
+
+def test_a_gguf_file_loads_with_the_tokenizer_and_template_of_its_metadata(tiny_gguf):
+    ens = Ensemble.from_pretrained([str(tiny_gguf)], method="single", device="cpu")
+    member = ens.members[0]
+    assert member.name == "tiny-chat"  # the file's name without .gguf
+    assert member.tokenizer.chat_template == CHATML
+    end = member.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end in member.stop_ids and member.tokenizer.is_fast
+    assert member.dtype == torch.float32  # dequantized (one weight is Q8_0 in the file)
+    ids = member.render([{"role": "user", "content": "the cat"}])
+    assert (
+        member.tokenizer.decode(ids)
+        == "<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n"
+    )
+    out = ens.generate(HELLO, max_new_tokens=6)
+    streamed = "".join(d.text for d in ens.stream(HELLO, max_new_tokens=6))
+    assert out.stats.tokens > 0 and streamed == out.text
+
+
+def test_a_gguf_file_without_the_suffix_is_read_by_its_magic(tiny_gguf, tmp_path):
+    blob = tmp_path / "sha256-6a0746a1ec1aef3e7ec53868f220ff6e389f6f8ef87a01d77c96807de94ca2aa"
+    shutil.copy(tiny_gguf, blob)  # how Ollama keeps a model
+    member = HFMember.load(blob, device="cpu")
+    assert member.tokenizer.chat_template == CHATML
+
+
+def test_a_local_carries_its_own_template_stop_dtype_and_name(tiny_gguf, tmp_path):
+    template_file = tmp_path / "brackets.jinja"
+    template_file.write_text(BRACKETS)
+    spec = Local(
+        tiny_gguf,
+        chat_template=template_file,
+        stop=["<|endoftext|>", "[user]"],
+        dtype=torch.bfloat16,
+        name="mine",
+    )
+    assert spec.public_fields() == {
+        "path": str(tiny_gguf),
+        "chat_template": str(template_file),
+        "stop": ["<|endoftext|>", "[user]"],
+        "dtype": "bfloat16",
+        "name": "mine",
+    }
+    ens = Ensemble.from_pretrained([spec], method="single", device="cpu", dtype="float32")
+    member = ens.members[0]
+    assert (member.name, member.dtype) == ("mine", torch.bfloat16)  # the Local's own win
+    assert member.tokenizer.chat_template == BRACKETS
+    endoftext = member.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert endoftext in member.stop_ids  # one control token: a stop id of this member
+    assert member.stop_strings == ("<|endoftext|>", "[user]")
+    assert member.tokenizer.decode(member.render(HELLO)) == "[user] Hi there\n[assistant] "
+
+
+def test_a_member_stop_string_ends_the_response_like_a_request_stop(tiny_gguf):
+    free = Ensemble.from_pretrained([str(tiny_gguf)], method="single", device="cpu")
+    text = free.generate(HELLO, max_new_tokens=12).text
+    cut = text[3:5]
+    assert cut and len(text) > 5
+    stopped = Ensemble.from_pretrained([Local(tiny_gguf, stop=[cut])], "single", device="cpu")
+    out = stopped.generate(HELLO, max_new_tokens=12)
+    assert out.finish_reason == "stop" and out.text == text[: text.index(cut)]
+    assert out.text == free.generate(HELLO, max_new_tokens=12, stop=[cut]).text
+
+
+def test_a_base_model_needs_a_template_and_the_error_names_local(tiny_base):
+    ens = Ensemble.from_pretrained([str(tiny_base)], method="single", device="cpu")
+    with pytest.raises(ChatTemplateError, match=r"Local\(path, chat_template=.*raw_prompt=True"):
+        ens.generate(HELLO)
+    assert ens.generate("Once upon a time", raw_prompt=True, max_new_tokens=3).stats.tokens
+    given = Ensemble.from_pretrained([Local(tiny_base, chat_template=BRACKETS)], "single")
+    assert given.generate(HELLO, max_new_tokens=3).stats.tokens
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "fix"),
+    [
+        ("truncated", MissingWeightsError, "is truncated: its tensors need"),
+        ("magic", MissingWeightsError, "it starts with b'FUGG', not b'GGUF'"),
+        ("text", MissingWeightsError, "is not a GGUF file"),
+        ("empty", MissingWeightsError, "it starts with b'', not b'GGUF'"),
+        ("unknown-type", ModelLoadError, "ggml type 99, which the installed gguf package"),
+        ("unreadable-type", ModelLoadError, "Q8_1, which the gguf package cannot dequantize"),
+    ],
+)
+def test_a_bad_file_fails_at_load_naming_it_and_the_fix(tiny_gguf, tmp_path, how, error, fix):
+    bad = damaged_copy(tiny_gguf, tmp_path / "model.gguf", how)
+    for load in (
+        lambda: Ensemble.from_pretrained([str(bad)], method="single", device="cpu"),
+        lambda: EnsembleLLM(models=[str(bad)], method="single"),  # at construction
+    ):
+        with pytest.raises(error) as caught:
+            load()
+        assert type(caught.value) is error
+        assert fix in str(caught.value) and str(bad) in str(caught.value)
+
+
+def test_a_header_cut_short_is_truncated_too(tiny_gguf, tmp_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(tiny_gguf.read_bytes()[:300])  # inside the vocabulary array
+    with pytest.raises(MissingWeightsError, match="truncated or damaged: its header ends"):
+        HFMember.load(bad)
+
+
+def test_missing_packages_name_the_extra(tiny_gguf, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a)
+    )
+    with pytest.raises(ModelLoadError, match=r"needs the gguf package.*llm-ensembling\[gguf\]"):
+        HFMember.load(tiny_gguf)
+
+
+def test_a_local_goes_wherever_a_path_goes(tiny_gguf, tmp_path):
+    spec = Local(tiny_gguf, chat_template=BRACKETS, stop=["[user]"], name="mine")
+    fields = spec.public_fields()
+    assert model_sources([fields, str(tiny_gguf)]) == [spec, str(tiny_gguf)]
+    assert public_sources([spec, "org/model"]) == [fields, "org/model"]
+    chat = ChatEnsemble(models=[spec], method="single")
+    assert chat.model_dump()["models"] == [fields]
+    assert ChatEnsemble(**chat.model_dump()).models == [spec]  # a dump loads back
+    assert chat.model_name == "ensemble-single:mine"
+    llm = EnsembleLLM(models=[fields], method="single")
+    assert llm.models == [spec] and json.loads(llm.to_json())["models"] == [fields]
+    # serve: a --model JSON object and an ensemble.toml dict are the same member
+    flags = parse_models([json.dumps(fields), "org/model"])
+    settings = build_settings(ensemble={"members": flags})
+    assert model_sources(list(settings.ensemble.members)) == [spec, "org/model"]
+
+
+def test_the_shared_engine_keys_on_a_locals_options(tiny_gguf, tmp_path):
+    path = str(tiny_gguf)
+    key = configuration_key([path], "single", {})
+    assert configuration_key([Local(path)], "single", {}) == key  # Local(path) is the path
+    assert configuration_key([Local(path, stop=["x"])], "single", {}) != key
+    template = tmp_path / "t.jinja"
+    template.write_text(BRACKETS)
+    by_file = configuration_key([Local(path, chat_template=template)], "single", {})
+    assert by_file == configuration_key([Local(path, chat_template=BRACKETS)], "single", {})
+    assert by_file != configuration_key([Local(path, chat_template=CHATML)], "single", {})
+    first = EnsembleLLM(models=[Local(path, name="a")], method="single", device="cpu")
+    again = EnsembleLLM(models=[{"path": path, "name": "a"}], method="single", device="cpu")
+    other = EnsembleLLM(models=[Local(path, name="b")], method="single", device="cpu")
+    assert first.ensemble is again.ensemble and first.ensemble is not other.ensemble
+    assert other.ensemble.members[0].name == "b"

@@ -1,0 +1,100 @@
+"""Smoke test on real models, as users have them: SmolLM2-135M-Instruct and Gemma-3-270M (base)
+as GGUF files from PyPI (the `real` extra; `core.testbed.real_models`). Both load; every method
+at its defaults streams exactly what it generates; a tool call and a JSON-schema answer are
+valid on these two real vocabularies (49,152 and 262,144 tokens). Few tokens each: the models
+load once for the module, and the module runs in a few minutes on two CPU cores.
+
+Skipped, with the reason, where the extra is not installed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jsonschema
+import pytest
+
+from core import Ensemble, HFMember
+from core.methods import DEFAULT_METHOD
+from core.testbed.real_models import (
+    GEMMA_STOP,
+    REAL_EXTRA,
+    real_members,
+    real_models_available,
+)
+
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.skipif(
+        not real_models_available(), reason=f"real models not installed: {REAL_EXTRA}"
+    ),
+]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
+ANSWER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+}
+
+
+@pytest.fixture(scope="module")
+def members() -> list[HFMember]:
+    loaded = []
+    for spec in real_members():
+        started = time.perf_counter()
+        loaded.append(HFMember.load(spec, device="cpu"))
+        print(f"\nloaded {spec.name} in {time.perf_counter() - started:.1f} s")
+    return loaded
+
+
+def test_both_members_load_with_their_templates(members):
+    smollm2, gemma = members
+    assert (smollm2.vocab.size, gemma.vocab.size) == (49152, 262144)
+    assert gemma.stop_strings == GEMMA_STOP
+    assert gemma.tokenizer.convert_tokens_to_ids("<end_of_turn>") in gemma.stop_ids
+    rendered = [m.tokenizer.decode(m.render(QUESTION)) for m in members]
+    assert rendered[0].startswith("<|im_start|>system\n")  # SmolLM2's own, from the file
+    assert rendered[0].endswith(f"{QUESTION[0]['content']}<|im_end|>\n<|im_start|>assistant\n")
+    assert rendered[1] == (
+        f"<bos><start_of_turn>user\n{QUESTION[0]['content']}<end_of_turn>\n<start_of_turn>model\n"
+    )
+
+
+@pytest.mark.parametrize("method", ["single", "token", "safe", "specem", "rerank"])
+def test_every_method_streams_what_it_generates(members, method):
+    ensemble = Ensemble(members, method)
+    out = ensemble.generate(QUESTION, max_new_tokens=8)
+    deltas = list(ensemble.stream(QUESTION, max_new_tokens=8))
+    assert "".join(d.text for d in deltas) == out.text
+    assert deltas[-1].finish_reason == out.finish_reason
+    assert out.stats.tokens > 0 and out.text.strip()
+
+
+def test_a_tool_call_is_valid_on_both_vocabularies(members):
+    ensemble = Ensemble(members, DEFAULT_METHOD)
+    question = [{"role": "user", "content": "What is 7 plus 5? Use the add tool."}]
+    out = ensemble.generate(
+        question, tools=[ADD], tool_choice="required", parallel_tool_calls=False, max_new_tokens=40
+    )  # one call: left to themselves, both models call again and again
+    assert out.finish_reason == "tool_calls" and not out.invalid_tool_calls
+    assert [call.name for call in out.tool_calls] == ["add"]
+    jsonschema.validate(out.tool_calls[0].arguments, ADD["function"]["parameters"])
+
+
+def test_a_json_schema_answer_is_valid_on_both_vocabularies(members):
+    ensemble = Ensemble(members, DEFAULT_METHOD)
+    out = ensemble.generate(QUESTION, response_format=ANSWER, max_new_tokens=24)
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), ANSWER)
