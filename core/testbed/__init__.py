@@ -40,6 +40,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .models import MODELS_DIR, WEAK, random_model
+from .real import (
+    QA_KINDS,
+    TOOL_KINDS,
+    RealProblem,
+    check_real_answer,
+    check_real_tool_call,
+    make_real_problems,
+    score_real,
+)
 from .task import (
     ANSWER_KEYS,
     CALCULATOR_ARG,
@@ -84,24 +93,31 @@ __all__ = [
     "CALCULATOR_NAME",
     "CALCULATOR_TOOL_DESC",
     "MODEL_ORDER",
+    "QA_KINDS",
     "REACT_FINAL_THOUGHT",
     "REACT_SYSTEM_HEADER",
     "TOOL_FUNCTIONS",
+    "TOOL_KINDS",
     "TOOL_SPECS",
     "WEAK_MODEL",
     "Problem",
+    "RealProblem",
     "answer_schema",
     "calculator",
     "call_tool",
     "check_answer",
+    "check_real_answer",
+    "check_real_tool_call",
     "check_tool_call",
     "extract_answer",
     "make_problems",
+    "make_real_problems",
     "model_paths",
     "random_model",
     "react_steps",
     "react_system_message",
     "score",
+    "score_real",
     "tool_followup",
     "tool_steps",
 ]
