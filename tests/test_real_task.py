@@ -296,10 +296,13 @@ def test_numbers_are_read_from_what_a_reply_commits_to():
 
 
 def test_number_words_and_reasoning_chains_count():
-    p = next(p for p in of_kind("arithmetic", topic="*") if p.answer in range(21, 100))
-    words = {21: "twenty-one", 24: "twenty-four", 27: "twenty-seven", 28: "twenty-eight"}
-    if p.answer in words:
+    words = {12: "twelve", 18: "eighteen", 24: "twenty-four", 35: "thirty five", 40: "forty"}
+    chosen = [p for p in of_kind("arithmetic", topic="*") if p.answer in words][:3]
+    assert len(chosen) == 3
+    for p in chosen:
         assert check_real_answer(f"It is {words[p.answer]}.", p)
+        assert check_real_answer(f"The answer is {words[p.answer].upper()}", p)
+        assert not check_real_answer(f"It is {words[p.answer]} or {p.answer + 1}.", p)
     conversion = next(p for p in of_kind("conversion") if "centimeters are in" in p.question)
     meters = conversion.echoes[0]
     reply = f"{meters} meters is equal to {meters} * 100 = {conversion.answer} centimeters."
