@@ -315,6 +315,16 @@ def test_number_words_and_reasoning_chains_count():
     assert check_real_answer(reply, two_steps)
 
 
+def test_an_unfinished_last_number_of_a_cut_reply_is_not_read():
+    p = of_kind("conversion")[0]
+    reply = f"It is {p.answer}"  # stopped at the token limit: it may have gone on as {p.answer}0
+    assert check_real_answer(reply, p)
+    assert not check_real_answer(reply, p, cut=True)
+    assert check_real_answer(f"It is {p.answer}. It", p, cut=True)
+    word = of_kind("fact")[0]
+    assert check_real_answer(f"{word.answer} is the answer, not", word, cut=True)
+
+
 def test_a_sequence_reply_may_repeat_the_sequence():
     p = of_kind("sequence", topic="counting up")[0]
     shown = ", ".join(map(str, sorted(p.echoes)))
@@ -369,12 +379,14 @@ def test_json_replies_are_parsed_from_the_text():
         text, f"```json\n{json.dumps(answer, indent=2)}\n```", f"Here it is: {text}",
         json.dumps({**answer, "count": str(answer["count"])}),
         json.dumps({**answer, "name": answer["name"].upper(), "item": answer["item"][:-1]}),
+        json.dumps({**answer, "item": f"The {answer['item']}"}),
         json.dumps(dict(reversed(answer.items()))), f"{text}\n\n{text}",
     ]  # fmt: skip
     wrong = [
         json.dumps({**answer, "count": answer["count"] + 1}), str(answer),
         json.dumps({k.upper(): v for k, v in answer.items()}), "{}", "no JSON here",
         f"{text} or {json.dumps({**answer, 'count': answer['count'] + 1})}",
+        json.dumps({**answer, "item": f"These {answer['item']}"}),
     ]  # fmt: skip
     assert [t for t in right if not check_real_answer(t, p)] == []
     assert [t for t in wrong if check_real_answer(t, p)] == []

@@ -12,8 +12,8 @@ read where the reply has such a marker.
 - A word: the first of the problem's answer forms and wrong options named, as a whole word and
   in any case, so "The capital of France is Paris." answers Paris.
 - A JSON object: the first object parsed from the reply (a code fence or words around it do not
-  matter); keys exactly, strings in any case and singular or plural ("coat" for "coats"),
-  numbers as numbers (or their digits as a string).
+  matter); keys exactly, strings in any case, singular or plural and with or without an
+  article ("coat" or "The coats" for "coats"), numbers as numbers (or their digits as a string).
 
 Not lenient toward a reply that lists several candidates: an answer joined to another one by
 ",", "/", ";", "or", "and" or "to" ("10 or 12", "Paris, Rome"), a reply that anywhere names a
@@ -186,9 +186,10 @@ def _same_value(found: Any, expected: Any) -> bool:
 
 
 def _forms(text: str) -> set[str]:
-    """A string in any case and spacing, with the singulars its plural may stand for ("knives":
-    "knife"), so "coat" extracted from "The coats cost 9 dollars." counts."""
-    word = " ".join(text.split()).casefold()
+    """A string in any case and spacing, without a leading article, with the singulars its
+    plural may stand for ("knives": "knife"), so "coat" or "The coats" extracted from "The
+    coats cost 9 dollars." counts."""
+    word = re.sub(r"^(?:the|an?)\s+", "", " ".join(text.split()).casefold())
     forms = {word}
     if word.endswith("s"):
         forms.add(word[:-1])
@@ -220,10 +221,15 @@ def _json_answer(text: str, expected: dict[str, Any]) -> bool:
 # --------------------------------------------------------------------------- per problem
 
 
-def check_real_answer(text: str, problem: RealProblem) -> bool:
-    """Whether `text` gives the problem's answer (the final answer, for a tool problem)."""
+def check_real_answer(text: str, problem: RealProblem, *, cut: bool = False) -> bool:
+    """Whether `text` gives the problem's answer (the final answer, for a tool problem).
+
+    `cut`: the reply stopped at the token limit (finish reason "length"), so its last word or
+    number may be unfinished ("= 14" of "= 14000") and is not read."""
     if not isinstance(text, str):
         raise InvalidConfigError(f"check_real_answer takes the reply's text, got {type(text)}.")
+    if cut:
+        text = re.sub(r"[\w.,-]+$", "", text)
     if problem.response_format is not None:
         (key,) = problem.response_format["required"]
         return _json_answer(text, {key: problem.answer})
