@@ -23,7 +23,7 @@ from core.testbed import (
     score_real,
 )
 from core.testbed.real import pools
-from core.testbed.real.problems import PartPools, all_facts, part_of_seed
+from core.testbed.real.problem import PartPools, all_facts, part_of_seed
 
 SIZE = 700  # 100 problems of each qa and tool kind
 

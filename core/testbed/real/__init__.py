@@ -4,8 +4,9 @@
     problems = make_real_problems(400, seed=1, form="qa")   # "qa" | "rag" | "tool"
     check_real_answer(reply_text, problems[0])
 
-See `problems` for the forms, kinds and the held-out splits, and `checking` for how a reply is
-read.
+`problems` makes them (the forms and kinds), `problem` holds a problem and the held-out splits,
+`kinds`, `passages` and `tool_problems` write the questions, `pools` lists the facts and words,
+and `checking` reads a reply.
 """
 
 from .checking import (
@@ -16,16 +17,9 @@ from .checking import (
     json_objects,
     score_real,
 )
-from .problems import (
-    FORMS,
-    QA_KINDS,
-    REPORT_SEED,
-    TOOL_KINDS,
-    RealProblem,
-    make_real_problems,
-    part_of,
-    part_of_seed,
-)
+from .problem import REPORT_SEED, RealProblem, part_of, part_of_seed
+from .problems import FORMS, QA_KINDS, make_real_problems
+from .tool_problems import TOOL_KINDS
 
 __all__ = [
     "FORMS",

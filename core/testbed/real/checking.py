@@ -32,7 +32,7 @@ from typing import Any
 
 from ...errors import InvalidConfigError
 from ..tool_set import calculator
-from .problems import RealProblem, numbers_in
+from .problem import RealProblem, numbers_in
 
 _MARKER = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:|####)[\s*:]*", re.IGNORECASE)
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
