@@ -323,6 +323,8 @@ def test_an_unfinished_last_number_of_a_cut_reply_is_not_read():
     assert check_real_answer(f"It is {p.answer}. It", p, cut=True)
     word = of_kind("fact")[0]
     assert check_real_answer(f"{word.answer} is the answer, not", word, cut=True)
+    assert check_real_answer(f"The answer is {word.answer}.", word, cut=True)
+    assert not check_real_answer(f"The answer is {word.answer}", word, cut=True)
 
 
 def test_a_sequence_reply_may_repeat_the_sequence():
@@ -365,6 +367,16 @@ def test_passage_replies_must_not_name_the_other_passages_facts():
     assert not check_real_answer(f"{city.answer} or {city.rivals[0]}", city)
     assert not check_real_answer(f"{name} lives in {city.answer}; the others live in "
                                  f"{city.rivals[0]} and {city.rivals[1]}.", city)  # fmt: skip
+    assert check_real_answer(f"According to passage 2, {name} lives in {city.answer}.", city)
+    copied = city.messages[-1]["content"].split("\n\n")[1].split("\n")
+    relevant = next(line for line in copied if city.answer in line)
+    assert not check_real_answer(relevant, city)  # "Passage 2: Mia lives in Rome and ..."
+    assert check_real_answer(relevant.split(": ", 1)[1], city)
+    rag = next(p for p in problems("rag", 1) if p.topic == "age")
+    echo = rag.messages[-1]["content"].split("---------------------\n")[1]
+    assert not check_real_answer(f"---------------------\n{rag.relevant_passage}", rag)
+    assert not check_real_answer(echo, rag)
+    assert check_real_answer(rag.relevant_passage, rag)
     age = of_kind("passage", topic="age")[0]
     assert check_real_answer(f"{age.answer} years old.", age)
     assert not check_real_answer(f"{age.rivals[0]}", age)

@@ -18,7 +18,8 @@ read where the reply has such a marker.
 Not lenient toward a reply that lists several candidates: an answer joined to another one by
 ",", "/", ";", "or", "and" or "to" ("10 or 12", "Paris, Rome"), a reply that anywhere names a
 wrong answer the prompt itself offers (`problem.rivals`: another passage's city), or a second,
-different JSON object with the same keys, fails.
+different JSON object with the same keys, fails; so does a reply that copies the prompt's
+framing (`problem.framing`: "Passage 1:"), which finds the answer only by copying the passages.
 """
 
 from __future__ import annotations
@@ -229,7 +230,9 @@ def check_real_answer(text: str, problem: RealProblem, *, cut: bool = False) -> 
     if not isinstance(text, str):
         raise InvalidConfigError(f"check_real_answer takes the reply's text, got {type(text)}.")
     if cut:
-        text = re.sub(r"[\w.,-]+$", "", text)
+        text = re.sub(r"[\w.,-]*\w$", "", text)
+    if any(frame in text for frame in problem.framing):
+        return False
     if problem.response_format is not None:
         (key,) = problem.response_format["required"]
         return _json_answer(text, {key: problem.answer})

@@ -24,6 +24,14 @@ from .problem import (
 )
 
 QA_PASSAGES = 3  # passages in the prompt of a qa passage question
+QA_INSTRUCTION = "Read the passages and answer the question."
+# The prompts' own framing: a reply that repeats it copies the prompt, passages and all, and
+# names the answer only by copying (a base model's echo), so it does not count as an answer.
+QA_FRAMING = (QA_INSTRUCTION, "Question:", *(f"Passage {i + 1}:" for i in range(QA_PASSAGES)))
+RAG_FRAMING = (  # RAG_USER_TEMPLATE's fixed lines, less its final "Answer:"
+    "Context information is below.", "---------------------", "Given the context information",
+    "Query:",
+)  # fmt: skip
 
 PASSAGE_QUESTIONS = {  # attribute -> (question, instruction)
     "city": ("Where does {name} live?", ONE_WORD),
@@ -69,9 +77,9 @@ def _passage_problem(form: str, attribute: str, key: str, people: list[Person], 
     passages = [passage_of(p) for p in people]
     if form == "qa":
         listed = "\n".join(f"Passage {i + 1}: {passages[j]}" for i, j in enumerate(shown))
-        question = f"Read the passages and answer the question.\n\n{listed}\n\nQuestion: {query}"
+        question = f"{QA_INSTRUCTION}\n\n{listed}\n\nQuestion: {query}"
         messages = user_turn(question)
-        documents: dict[str, Any] = {}
+        documents: dict[str, Any] = {"framing": QA_FRAMING}
     else:
         question = query
         context = RAG_CONTEXT_SEPARATOR.join(passages[j] for j in shown)
@@ -80,7 +88,9 @@ def _passage_problem(form: str, attribute: str, key: str, people: list[Person], 
             {"role": "user", "content": RAG_USER_TEMPLATE.format(context_str=context,
                                                                  query_str=query)},
         ]  # fmt: skip
-        documents = {"passages": tuple(passages), "relevant_passage": passages[0]}
+        documents = {
+            "passages": tuple(passages), "relevant_passage": passages[0], "framing": RAG_FRAMING,
+        }  # fmt: skip
     column = {"city": 1, "job": 2, "age": 3}[attribute]
     answer = asked[column]
     rivals = tuple(p[column] for p in people[1:])

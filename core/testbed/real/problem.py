@@ -39,8 +39,9 @@ class RealProblem:
     JSON object (dict; `schema` is its JSON schema, to pass as `response_format` for structured
     output). `options` are the wrong answers of the same sort that a reply must not give
     instead of the answer or beside it; `rivals` are the wrong answers the prompt itself offers
-    (the other passages' facts), which a right reply does not name at all; `echoes` are the
-    question's own numbers, which a reply may repeat.
+    (the other passages' facts), which a right reply does not name at all; `framing` is the
+    prompt's own framing around them ("Passage 1:"), which a reply that answers does not copy;
+    `echoes` are the question's own numbers, which a reply may repeat.
     """
 
     form: str
@@ -54,6 +55,7 @@ class RealProblem:
     aliases: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     rivals: tuple[int | str, ...] = ()
+    framing: tuple[str, ...] = ()
     echoes: tuple[int, ...] = ()
     schema: dict[str, Any] | None = None
     passages: tuple[str, ...] = ()  # rag: the relevant passage first, then distractors
