@@ -19,6 +19,13 @@ maybe a ``problem.response_format`` (a JSON schema); the right first turn is one
 
 Built by ``python -m core.testbed.build`` (deterministic); see ``models/REPORT.md``.
 
+Real small chat models (SmolLM2, Gemma 3) get a task of their own (``core.testbed.real``): short
+questions of seven kinds, a retrieval form and a tool form, seed 1 reported and other seeds for
+tuning, each with one checkable answer::
+
+    problems = make_real_problems(400, seed=1, form="qa")    # "qa" | "rag" | "tool"
+    check_real_answer(text, problems[0])                     # free text, read as a grader would
+
 The models were trained on ReAct traces in exactly the messages this LlamaIndex agent sends
 (checked against the real classes in tests/test_testbed_forms.py)::
 
