@@ -20,6 +20,13 @@ maybe a ``problem.response_format`` (a JSON schema); the right first turn is one
 Built by ``python -m lab.testbed.build`` from a source checkout (deterministic); see
 ``models/REPORT.md``.
 
+Real small chat models (SmolLM2, Gemma 3) get a task of their own (``core.testbed.real``): short
+questions of seven kinds, a retrieval form and a tool form, seed 1 reported and other seeds for
+tuning, each with one checkable answer::
+
+    problems = make_real_problems(400, seed=1, form="qa")    # "qa" | "rag" | "tool"
+    check_real_answer(text, problems[0])                     # free text, read as a grader would
+
 The models were trained on ReAct traces in exactly the messages this LlamaIndex agent sends
 (checked against the real classes in tests/test_testbed_forms.py)::
 
@@ -41,6 +48,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from .models import MODELS_DIR, WEAK, random_model
+from .real import (
+    QA_KINDS,
+    TOOL_KINDS,
+    RealProblem,
+    check_real_answer,
+    check_real_tool_call,
+    make_real_problems,
+    score_real,
+)
 from .task import (
     ANSWER_KEYS,
     CALCULATOR_ARG,
@@ -85,24 +101,31 @@ __all__ = [
     "CALCULATOR_NAME",
     "CALCULATOR_TOOL_DESC",
     "MODEL_ORDER",
+    "QA_KINDS",
     "REACT_FINAL_THOUGHT",
     "REACT_SYSTEM_HEADER",
     "TOOL_FUNCTIONS",
+    "TOOL_KINDS",
     "TOOL_SPECS",
     "WEAK_MODEL",
     "Problem",
+    "RealProblem",
     "answer_schema",
     "calculator",
     "call_tool",
     "check_answer",
+    "check_real_answer",
+    "check_real_tool_call",
     "check_tool_call",
     "extract_answer",
     "make_problems",
+    "make_real_problems",
     "model_paths",
     "random_model",
     "react_steps",
     "react_system_message",
     "score",
+    "score_real",
     "tool_followup",
     "tool_steps",
 ]
