@@ -36,6 +36,7 @@ _HEAL_DEPTH = 3  # tokens a healed verifier may spend spelling the partial text 
 # (the last one read only as going on with the text: see Healer._started)
 _HEAL_PRUNE = 1e-2  # drop a spelling path this much less likely than what its target has
 _HEAL_BRANCHES = 16  # most paths expanded per level (one forward pass per level)
+_HEAL_AHEAD = 64  # most rows one branch pass computes ahead for the levels below it
 
 
 class Healer:
@@ -66,7 +67,7 @@ class Healer:
         result = [0.0] * len(targets)
         frontier = [((), 1.0, t, s, end) for t, (s, end) in enumerate(targets)]
         for depth in range(_HEAL_DEPTH + 1):
-            self._expand_rows(frontier)
+            self._expand_rows(frontier, depth)
             grown = []
             for path, weight, t, s, end in frontier:
                 row = self.rows[path]
@@ -94,12 +95,20 @@ class Healer:
         ids = [i for _, twins in self.index.prefixes(s, proper=True) for i in twins]
         return float(row[ids].exp().sum()) if ids else 0.0
 
-    def _expand_rows(self, frontier) -> None:
-        """The rows every path of the frontier needs, in one batched pass."""
-        need = sorted({path for path, *_ in frontier if path not in self.rows})
-        if need:
-            rows = self.member.branch_logprobs(self.m, [list(p) for p in need])
-            self.rows.update(zip(need, rows.float().cpu(), strict=True))
+    def _expand_rows(self, frontier, depth: int) -> None:
+        """The rows every path of the frontier needs, in one batched pass; in the same pass,
+        the rows of every way the frontier's paths can go on spelling their targets (within
+        the depth and `_HEAL_AHEAD` rows), which the next levels would otherwise ask for one
+        pass each."""
+        need = {path for path, *_ in frontier if path not in self.rows}
+        if not need:
+            return
+        ahead = _descendants(self.index, frontier, depth, self.rows)
+        if len(need | ahead) <= _HEAL_AHEAD:
+            need |= ahead
+        order = sorted(need)
+        rows = self.member.branch_logprobs(self.m, [list(p) for p in order])
+        self.rows.update(zip(order, rows.float().cpu(), strict=True))
 
     def _prune(self, grown: list, result: list[float]) -> list:
         """Drop paths negligible next to what their target already has, or to its likeliest
@@ -113,6 +122,23 @@ class Healer:
             best[path] = max(weight, best.get(path, 0.0))
         kept = set(sorted(best, key=best.get, reverse=True)[:_HEAL_BRANCHES])
         return [g for g in grown if g[0] in kept]
+
+
+def _descendants(index: ByteIndex, frontier, depth: int, have) -> set[tuple[int, ...]]:
+    """Every path (not in `have`) by which the frontier's paths, at `depth`, can go on spelling
+    their targets down to `_HEAL_DEPTH`: what `Healer.probs` may expand at the next levels."""
+    found: set[tuple[int, ...]] = set()
+    level = [(path, s, end) for path, _, _, s, end in frontier]
+    for _ in range(depth, _HEAL_DEPTH):
+        grown = []
+        for path, s, end in level:
+            if not s:
+                continue
+            for n, ids in index.prefixes(s, proper=not end):
+                grown.extend((path + (i,), s[n:], end) for i in ids)
+        found.update(path for path, _, _ in grown if path not in have)
+        level = grown
+    return found
 
 
 def healed_probs(healer: Healer, u: bytes, strings: Sequence[str]) -> list[float]:
