@@ -12,13 +12,18 @@ request's own `KVPrefix`.
 
 No thread is added: the first request thread to arrive runs the batch (the leader), later
 arrivals wait; when the leader's own pass is done it hands its role to a waiting thread. Before
-it runs, the leader waits for the request threads that are still computing their next pass in Python
-(`RequestThreads`: the admission marks a thread that runs a request; a thread in a batcher, or
-waiting for a slot, is parked), for a bounded time: twice the longer of a mean pass and a mean
-stretch of a request's Python between two passes. A batch that waited for them costs little
-more than a lone pass, a batch that left them out costs them a whole pass; and while the leader
-waits, the interpreter runs their Python, which one interpreter lock would serialise anyway. A
-lone request has nobody to wait for, and runs its pass at once, in its own thread.
+it runs, the leader waits for the request threads that are still computing their next pass in
+Python, for a bounded time: twice the longer of a mean pass and a mean stretch of a request's
+Python between two passes. A batch that waited for them costs little more than a lone pass, a
+batch that left them out costs them a whole pass; and while the leader waits, the interpreter
+runs their Python, which one interpreter lock would serialise anyway. A lone request has nobody
+to wait for, and runs its pass at once, in its own thread.
+
+Which threads a leader waits for is scoped to the models that share them: each ensemble keeps
+its own `RequestThreads` (its admission marks a thread that runs one of its requests; a thread
+in a batcher, or waiting for a slot, is parked), and a model's batcher waits for the request
+threads of the ensembles that use it (`Batcher.serve`), never for another ensemble's. Nothing
+here changes a process-wide setting.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -46,9 +52,10 @@ _PATIENCE_CAP = 0.05  # seconds (a thread busy elsewhere, e.g. with a remote mem
 
 
 class RequestThreads:
-    """How many request threads are computing right now, outside every batcher: the passes a
-    leader may still expect. Threads that never said they run a request (a lane's worker, a
-    direct `Member` call) are not counted, and never waited for."""
+    """How many of one ensemble's request threads are computing right now, outside every
+    batcher: the passes a leader may still expect from them. Threads that never said they run
+    one of its requests (a lane's worker, a direct `Member` call, another ensemble's requests)
+    are not counted here, and never waited for."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
@@ -59,19 +66,23 @@ class RequestThreads:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """This thread computes a request (the admission wraps each step of a request stream)."""
+        """This thread computes one of the ensemble's requests (its admission wraps each step
+        of a request stream)."""
         local = self._local
         outer = getattr(local, "depth", 0)
         counted = False
+        previous = getattr(_thread, "threads", None)
         try:
             local.depth = outer + 1
             local.since = time.perf_counter()
+            _thread.threads = self
             if outer == 0:
                 self._add(1)
                 counted = True
             yield
         finally:
             local.depth = outer
+            _thread.threads = previous
             if counted:
                 self._add(-1)
 
@@ -130,19 +141,27 @@ class Park:
 
     __slots__ = ("_threads", "counted", "_held")
 
-    def __init__(self, threads: RequestThreads, counted: bool) -> None:
+    def __init__(self, threads: RequestThreads | None, counted: bool) -> None:
         self._threads = threads
         self.counted = counted
         self._held = counted
 
     def release(self) -> None:
+        if not self._held:
+            return
         with self._threads.changed:
             if self._held:
                 self._held = False
                 self._threads._change(1)
 
 
-request_threads = RequestThreads()
+_NO_PARK = Park(None, False)  # the wait of a thread that runs no request
+_thread = threading.local()  # .threads: the RequestThreads whose request this thread runs
+
+
+def running_threads() -> RequestThreads | None:
+    """The request threads the calling thread counts among (None: it runs no request)."""
+    return getattr(_thread, "threads", None)
 
 
 @dataclass
@@ -203,8 +222,15 @@ class Batcher:
         self._queue: list[_Ticket] = []
         self._busy = False
         self._pass_seconds = 0.0  # running mean duration of a forward pass
+        self._served: weakref.WeakSet[RequestThreads] = weakref.WeakSet()
         self.batches = 0  # passes run (a batched pass counts once)
         self.rows = 0  # requests' passes served
+
+    def serve(self, threads: RequestThreads) -> None:
+        """Requests running on `threads` (one ensemble's) use this model: a leader waits for
+        them while they compute their next pass."""
+        with self._lock:
+            self._served.add(threads)
 
     # --- the combining protocol ----------------------------------------------------------------
     # Every change of the queue and of who leads happens under the lock, and a thread's own
@@ -213,11 +239,13 @@ class Batcher:
     # passes on a leader's role it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
-        park = request_threads.park()
+        threads = running_threads()
+        park = threads.park() if threads is not None else _NO_PARK
         try:
             return self._run_ticket(_Ticket(job, park))
         finally:
-            request_threads.unpark(park)
+            if threads is not None:
+                threads.unpark(park)
 
     def _run_ticket(self, ticket: _Ticket) -> Pass:
         try:
@@ -271,12 +299,19 @@ class Batcher:
                 raise
 
     def _gather(self) -> None:
-        """Wait while other request threads still compute their next pass (they may come here),
-        within the patience bounds."""
-        if self.batched:
-            longer = max(self._pass_seconds, request_threads.gap_seconds)
-            patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
-            request_threads.wait_for_passes(patience)
+        """Wait while other request threads of the ensembles this model serves still compute
+        their next pass (they may come here), within the patience bounds."""
+        if not self.batched:
+            return
+        with self._lock:
+            served = list(self._served)
+        if not any(threads.computing for threads in served):
+            return
+        longer = max(self._pass_seconds, *(threads.gap_seconds for threads in served))
+        patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
+        deadline = time.perf_counter() + patience
+        for threads in served:
+            threads.wait_for_passes(deadline - time.perf_counter())
 
     def _pick(self, own: _Ticket) -> list[_Ticket]:
         """The leader's own pass first, then others of a similar size whose rows lie near its

@@ -126,6 +126,9 @@ class HFMember(Member):
             return kv.length * self.kv_bytes_per_token
         return kv.nbytes() if kv is not None else 0
 
+    def serve(self, threads) -> None:
+        self.batcher.serve(threads)
+
     def reserve(self, new_tokens: int) -> None:
         """A row in the store with room for the prompt and `new_tokens` more (plus what
         scoring passes write past the end), claimed now rather than mid-request."""

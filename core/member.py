@@ -437,6 +437,10 @@ class Member(ABC):
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
 
+    def serve(self, threads) -> None:  # noqa: B027 (a hook: nothing by default)
+        """Requests of one ensemble, run on `threads` (a `core.batching.RequestThreads`), use
+        this member: a backend that batches their passes waits for them."""
+
     def reserve(self, new_tokens: int) -> None:  # noqa: B027 (a hook: nothing by default)
         """The request starts: a backend claims the room its cache will need for the prompt and
         up to `new_tokens` more, or raises `EnsembleBusyError` now rather than run out of memory
