@@ -42,6 +42,7 @@ from .kv import KVStore, probe_layout
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, values [1, H, T, D]
 
 _MAX_ROWS = 32  # rows per batched pass
+_TRIANGLE = 512  # new ids per pass whose causal triangle is kept for the next passes
 _SIMILAR = 8  # passes batch together when their new-token counts are within 2x (or <= this)
 # A leader waits for computing threads at most _PATIENCE times the longer of a mean pass of its
 # model and a mean stretch of Python between two passes of a request, within these bounds:
@@ -223,6 +224,7 @@ class Batcher:
         self._busy = False
         self._pass_seconds = 0.0  # running mean duration of a forward pass
         self._served: weakref.WeakSet[RequestThreads] = weakref.WeakSet()
+        self._triangle_mask: torch.Tensor | None = None  # `_triangle`, grown on demand
         self.batches = 0  # passes run (a batched pass counts once)
         self.rows = 0  # requests' passes served
 
@@ -360,12 +362,17 @@ class Batcher:
 
     def _call(self, ids: torch.Tensor, cache, keep: list[int], **extra) -> torch.Tensor:
         start = time.perf_counter()
+        width = ids.shape[-1]
+        if keep == list(range(width - len(keep), width)):  # the last rows: a plain slice
+            to_keep: int | torch.Tensor = len(keep)
+        else:
+            to_keep = torch.tensor(keep, device=self.device)
         with torch.no_grad():
             out = self.model(
                 input_ids=ids.to(self.device),
                 cache=cache,
                 use_cache=True,
-                logits_to_keep=torch.tensor(keep, device=self.device),
+                logits_to_keep=to_keep,
                 **extra,
             )
         logits = out.logits.float()
@@ -406,21 +413,48 @@ class Batcher:
             writes.append((job.row, job.past_len, n, b))
         keep = sorted({k for job in jobs for k in job.keep})
         at = {k: i for i, k in enumerate(keep)}
-        allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
+        if len(jobs) == 1 and jobs[0].allowed is None:  # one plain pass: causal after its past
+            mask = self._plain_mask(past[0], width)
+        else:
+            allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
+            mask = _additive(allowed, self.dtype)
         with store.lock:
             store.fit(columns)
             logits = self._call(
                 torch.tensor(ids),
                 store.pass_cache(lo, hi, columns, writes),
                 keep,
-                attention_mask=_additive(allowed, self.dtype),
+                attention_mask=mask,
                 position_ids=torch.tensor(positions, device=self.device),
             )
-        logits = logits[[job.row - lo for job in jobs]]
+        if len(jobs) > 1:
+            logits = logits[[job.row - lo for job in jobs]]
         soft = None if all(j.raw for j in jobs) else torch.log_softmax(logits, dim=-1)
-        for b, job in enumerate(jobs):
-            job.rows = (logits if job.raw else soft)[b, [at[k] for k in job.keep]]
+        for b, job in enumerate(jobs):  # a lone pass's rows are the whole result (no copy)
+            rows = logits if job.raw else soft
+            alone = len(jobs) == 1 and job.keep == keep
+            job.rows = rows[b] if alone else rows[b, [at[k] for k in job.keep]]
         self.rows += len(jobs)
+
+    def _plain_mask(self, past: int, width: int) -> torch.Tensor:
+        """[1, 1, width, past + width]: what `_rows_mask` gives one plain pass (each new id sees
+        the past and the new ids up to itself), built from a cached triangle."""
+        mask = torch.zeros(1, 1, width, past + width, dtype=self.dtype, device=self.device)
+        if width > 1:
+            mask[0, 0, :, past:] = self._triangle(width)
+        return mask
+
+    def _triangle(self, width: int) -> torch.Tensor:
+        """The additive causal mask of `width` new ids among themselves (cached up to
+        `_TRIANGLE` ids)."""
+        cached = self._triangle_mask
+        if cached is not None and cached.shape[0] >= width:
+            return cached[:width, :width]
+        allowed = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        triangle = _additive(allowed, self.dtype)
+        if width <= _TRIANGLE:
+            self._triangle_mask = triangle
+        return triangle
 
 
 def _rows_mask(jobs, lo, past, sizes, width, columns, device) -> torch.Tensor:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -212,8 +211,11 @@ class HFMember(Member):
         return self._kv
 
     def _set_last_row(self, row: torch.Tensor | None) -> None:
-        if self._kv is not None:
-            self._state.cache = replace(self._kv, last_row=row)
+        kv = self._kv
+        if isinstance(kv, KVRow):
+            self._state.cache = KVRow(kv.slot, kv.length, row)
+        elif kv is not None:
+            self._state.cache = KVPrefix(kv.layers, kv.length, row)
 
     def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
@@ -243,6 +245,8 @@ class HFMember(Member):
                 got.update(zip([r for r in missing if r >= cached] + earlier, out, strict=True))
                 if end - 1 in got:
                     self._set_last_row(got[end - 1])
+            if len(rows) == 1:
+                return got[rows[0]][None]
             return torch.stack([got[r] for r in rows])
 
     def score(

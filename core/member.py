@@ -26,7 +26,7 @@ import copy
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -75,7 +75,9 @@ class SequenceState:
     grammar: Matcher | None = None
 
     def copy(self) -> SequenceState:
-        return replace(self, seq=list(self.seq), ends=list(self.ends))
+        return SequenceState(
+            list(self.seq), self.prompt_len, self.data, list(self.ends), self.cache, self.grammar
+        )
 
 
 class Member(ABC):

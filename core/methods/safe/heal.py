@@ -49,7 +49,7 @@ class Healer:
         self, member: Member, index: ByteIndex, m: int, row: torch.Tensor, prune=_HEAL_PRUNE
     ) -> None:
         self.member, self.index, self.m, self.prune = member, index, m, prune
-        self.stops = [i for i in member.stop_ids if i < row.shape[-1]]
+        self.stops = member.stop_ids
         self.rows: dict[tuple[int, ...], torch.Tensor] = {(): row.float().cpu()}
         self._cumsum: dict[tuple[int, ...], torch.Tensor] = {}
 

@@ -26,7 +26,7 @@ import torch
 from ...member import Member
 from ...parallel import each, overlaps
 from ...sampling import Sampler
-from ...vocab import stop_logprob
+from ...vocab import stop_index, stop_logprob
 from .drafting import Draft, Position
 from .heal import HealCycle, NoHeal
 
@@ -206,5 +206,5 @@ def _score(reading: Reading, positions: list[Position], sampler: Sampler, extra:
             row = rows[at[m]]
             stop = float(stop_logprob(row, member.stop_ids).exp())
             rest = row.clone()
-            rest[[i for i in member.stop_ids if i < row.shape[-1]]] = -math.inf
+            rest[stop_index(member.stop_ids, row.shape[-1], row.device)] = -math.inf
             reading.own[j], reading.agree[j] = stop, stop >= float(rest.max().exp())
