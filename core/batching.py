@@ -117,12 +117,13 @@ class RequestThreads:
             self._change(delta, gap)
 
     def _change(self, delta: int, gap: float | None = None) -> None:
-        """(Under `changed`.)"""
+        """(Under `changed`.) A waiting leader is woken when nobody computes any more."""
         self.computing += delta
         if gap is not None:
             self._gaps += 1
             self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
-        self.changed.notify_all()
+        if self.computing == 0:
+            self.changed.notify_all()
 
     def wait_for_passes(self, patience: float) -> None:
         """Until no request thread computes outside a batcher, for at most `patience` seconds."""
@@ -486,7 +487,7 @@ class _Ticket:
     def __init__(self, job: Pass, park: Park) -> None:
         self.job = job
         self.park = park
-        self.ready = threading.Event()
+        self.ready = _Signal()
         self.leads = False
         self.finished = False
         self.error: BaseException | None = None
@@ -504,6 +505,25 @@ class _Ticket:
         if self.error is not None:
             raise self.error
         return self.job
+
+
+class _Signal:
+    """A one-shot wake-up for one waiting thread (a ticket is told once: its pass is done, or
+    it leads now): one lock, where `threading.Event` builds a condition and a lock per wait."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+        self._lock.release()
 
 
 _registry_lock = threading.Lock()

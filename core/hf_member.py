@@ -242,7 +242,8 @@ class HFMember(Member):
                 out = self._forward(feed, keep, allowed=allowed, positions=positions)
                 self._rewind(end)  # the repeated ids' keys are dead
                 self.prefilled += max(0, min(prompt_len, end) - cached)
-                got.update(zip([r for r in missing if r >= cached] + earlier, out, strict=True))
+                done = [r for r in missing if r >= cached] + earlier
+                got.update(zip(done, out.unbind(0), strict=True))
                 if end - 1 in got:
                     self._set_last_row(got[end - 1])
             if len(rows) == 1:

@@ -21,11 +21,10 @@ process) and `core.remote.RemoteMember` (a model served over HTTP).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import copy
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +79,42 @@ class SequenceState:
         )
 
 
+class _Transaction:
+    """`Member._transaction`: the state saved on entry, put back when the block raises."""
+
+    __slots__ = ("member", "operation", "outer", "saved")
+
+    def __init__(self, member: Member, operation: str) -> None:
+        self.member, self.operation = member, operation
+
+    def __enter__(self) -> None:
+        member = self.member
+        self.outer = not member._depth
+        if self.outer:
+            self.saved = member._state.copy()
+            member._depth = 1
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if not self.outer:
+            return False
+        member = self.member
+        member._depth = 0
+        if kind is None:
+            return False
+        member._state = self.saved
+        if isinstance(error, MemberError):
+            error.member = error.member or member.name
+            error.operation = error.operation or self.operation
+        if isinstance(error, EnsembleError) or not isinstance(error, Exception):
+            return False
+        raise MemberError(
+            f"member {member.name!r} failed during {self.operation}: "
+            f"{type(error).__name__}: {error}",
+            member=member.name,
+            operation=self.operation,
+        ) from error
+
+
 class Member(ABC):
     """One model, seen by methods as: a tokenized view of the shared text + distributions."""
 
@@ -108,31 +143,11 @@ class Member(ABC):
 
     # --- transactions ------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _transaction(self, operation: str) -> Iterator[None]:
+    def _transaction(self, operation: str) -> _Transaction:
         """Put the state back if the operation fails, and name the member and the operation in
-        the error (errors the library raises on purpose pass through as they are)."""
-        if self._depth:
-            yield
-            return
-        saved = self._state.copy()
-        self._depth = 1
-        try:
-            yield
-        except BaseException as error:
-            self._state = saved
-            if isinstance(error, MemberError):
-                error.member = error.member or self.name
-                error.operation = error.operation or operation
-            if isinstance(error, EnsembleError) or not isinstance(error, Exception):
-                raise
-            raise MemberError(
-                f"member {self.name!r} failed during {operation}: {type(error).__name__}: {error}",
-                member=self.name,
-                operation=operation,
-            ) from error
-        finally:
-            self._depth = 0
+        the error (errors the library raises on purpose pass through as they are). Only the
+        outermost operation is a transaction: an inner one is part of it."""
+        return _Transaction(self, operation)
 
     def _check_cancelled(self) -> None:
         if self._cancel is not None and self._cancel.is_set():
