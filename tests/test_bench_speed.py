@@ -1,0 +1,96 @@
+"""The speed benchmark (each method's time per token against its drafter, side by side, and where
+a token goes), its phase clock, and the switch-interval benchmark: outputs written, numbers
+consistent with each other, texts kept and compared."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from conftest import needs_trained
+
+from core.bench import speed, switching
+from core.bench.phases import PhaseClock
+
+pytestmark = needs_trained
+
+
+def test_phases_count_every_moment_once_for_the_innermost_phase():
+    clock = PhaseClock()
+    start = time.perf_counter()
+    with clock.phase("outer"):
+        time.sleep(0.01)
+        with clock.phase("draft"), clock.phase("body"):
+            time.sleep(0.01)
+        with clock.phase("head"):  # inside no pass-asking phase but "outer"
+            time.sleep(0.005)
+    elapsed = time.perf_counter() - start
+    assert set(clock.wall) <= {"outer", "draft", "draft · body", "outer · head"}
+    assert clock.wall["outer · head"] >= 0.005 and clock.wall["draft"] < 0.005
+    assert clock.wall["draft · body"] >= 0.01 and clock.wall["outer"] >= 0.01
+    assert sum(clock.wall.values()) == pytest.approx(elapsed, abs=0.002)
+    assert clock.calls["draft · body"] == 1
+
+    def other() -> None:  # another thread keeps its own stack
+        with clock.phase("verify"):
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert clock.wall["verify"] >= 0.005 and "outer" in clock.wall
+
+
+def test_speed_benchmark_measures_ratios_and_breakdowns_side_by_side(tmp_path):
+    out = tmp_path / "speed"
+    configs = [f"{speed.REFERENCE}=single:member=0", "safe (default)=safe"]
+    args = ["--n", "2", "--rounds", "2", "--max-new-tokens", "24", "--out", str(out)]
+    speed.main(args + [a for c in configs for a in ("--config", c)])
+    data = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in data["rows"]}
+    assert set(rows) == {speed.REFERENCE, "safe (default)"}
+    assert rows[speed.REFERENCE]["x_drafter_min"] == 1.0
+    safe = rows["safe (default)"]
+    assert len(safe["x_drafter_rounds"]) == 2
+    assert safe["x_drafter_min"] == min(safe["x_drafter_rounds"]) <= safe["x_drafter_median"]
+    assert data["texts"][speed.REFERENCE] and len(data["texts"]["safe (default)"]) == 2
+    for part in data["breakdowns"]:  # the phases add up to the measured time
+        assert sum(part["wall"].values()) == pytest.approx(part["seconds"], rel=0.05)
+        assert part["passes"]["draft"] >= part["tokens"] - 2  # one draft step per token or so
+    verifying = next(b for b in data["breakdowns"] if b["label"] == "safe (default)")
+    assert "verify · body" in verifying["wall"] and verifying["passes"]["verify"] >= 1
+    table = (out / "results.md").read_text()
+    assert "| safe (default) |" in table and "| draft · body |" in table
+
+    again = tmp_path / "again"
+    speed.main(args[:-1] + [str(again), "--compare", str(out / "results.json")]
+               + [a for c in configs for a in ("--config", c)])  # fmt: skip
+    same = json.loads((again / "results.json").read_text())["same_texts"]
+    assert same == {speed.REFERENCE: [2, 2], "safe (default)": [2, 2]}  # greedy: the same
+
+
+def test_speed_benchmark_takes_prompts_from_a_file_or_says_why_not(tmp_path):
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text('{"prompt": "What is 2 + 2?"}\n\n{"prompt": "Name a colour."}\n')
+    name, prompts = speed.load_prompts(str(lines), 10, 1)
+    assert name == "prompts" and [p[0]["content"] for p in prompts][1] == "Name a colour."
+    assert len(speed.load_prompts("questions", 3, 1)[1]) == 3
+    with pytest.raises(SystemExit, match="neither 'arithmetic', 'questions'"):
+        speed.main(["--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)])
+    (tmp_path / "bad.jsonl").write_text('{"text": "no prompt"}\n')
+    with pytest.raises(SystemExit, match='needs a "prompt" string'):
+        speed.main(["--prompts", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path)])
+
+
+def test_switch_interval_benchmark_alternates_and_restores_the_interval(tmp_path):
+    import sys
+
+    before = sys.getswitchinterval()
+    args = ["--methods", "single", "--n", "2", "--level", "2", "--rounds", "2"]
+    switching.main(args + ["--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert sys.getswitchinterval() == before
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [r["mode"] for r in rows][0] == "one at a time" and len(rows) == 3
+    assert all(len(r["tokens_per_s"]) == 2 and r["min"] > 0 for r in rows)
