@@ -36,7 +36,9 @@ _HEAL_DEPTH = 3  # tokens a healed verifier may spend spelling the partial text 
 # (the last one read only as going on with the text: see Healer._started)
 _HEAL_PRUNE = 1e-2  # drop a spelling path this much less likely than what its target has
 _HEAL_BRANCHES = 16  # most paths expanded per level (one forward pass per level)
-_HEAL_AHEAD = 64  # most rows one branch pass computes ahead for the levels below it
+_HEAL_AHEAD = 64  # most rows one branch pass computes ahead for the levels below it...
+_HEAL_AHEAD_LOGITS = 1 << 20  # ...and at most this many logits in all (rows x vocabulary): on a
+# large vocabulary (Gemma's 262,144) a row costs the head a good part of a pass
 
 
 class Healer:
@@ -51,6 +53,8 @@ class Healer:
         self.member, self.index, self.m, self.prune = member, index, m, prune
         self.stops = member.stop_ids
         self.rows: dict[tuple[int, ...], torch.Tensor] = {(): row.float().cpu()}
+        # rows one pass may compute ahead: each costs a product with the whole vocabulary
+        self.ahead = min(_HEAL_AHEAD, _HEAL_AHEAD_LOGITS // max(1, row.shape[-1]))
         self._cumsum: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _mass(self, path: tuple[int, ...], prefix: bytes) -> float:
@@ -98,13 +102,13 @@ class Healer:
     def _expand_rows(self, frontier, depth: int) -> None:
         """The rows every path of the frontier needs, in one batched pass; in the same pass,
         the rows of every way the frontier's paths can go on spelling their targets (within
-        the depth and `_HEAL_AHEAD` rows), which the next levels would otherwise ask for one
-        pass each."""
+        the depth and `ahead` rows), which the next levels would otherwise ask for one pass
+        each."""
         need = {path for path, *_ in frontier if path not in self.rows}
         if not need:
             return
         ahead = _descendants(self.index, frontier, depth, self.rows)
-        if len(need | ahead) <= _HEAL_AHEAD:
+        if len(need | ahead) <= self.ahead:
             need |= ahead
         order = sorted(need)
         rows = self.member.branch_logprobs(self.m, [list(p) for p in order])
