@@ -26,7 +26,8 @@ _INSIDE_PASS = ("body", "head", "pass set-up")
 class PhaseClock:
     """Exclusive wall and CPU seconds per phase, per thread (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall=time.perf_counter, cpu=time.thread_time) -> None:
+        self._wall_clock, self._cpu_clock = wall, cpu  # seconds now (a test gives its own)
         self.wall: Counter[str] = Counter()
         self.cpu: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()  # times each phase was entered
@@ -36,13 +37,13 @@ class PhaseClock:
     def _state(self) -> tuple[list[str], list[float]]:
         local = self._local
         if not hasattr(local, "stack"):
-            local.stack, local.mark = [], [time.perf_counter(), time.thread_time()]
+            local.stack, local.mark = [], [self._wall_clock(), self._cpu_clock()]
         return local.stack, local.mark
 
     def _settle(self) -> None:
         """Count the time since the thread's last mark for its innermost phase."""
         stack, mark = self._state()
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, cpu = self._wall_clock(), self._cpu_clock()
         if stack:
             name = self._name(stack)
             with self._lock:
