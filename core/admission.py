@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 
-from .batching import request_threads
+from .batching import RequestThreads
 from .errors import EnsembleBusyError, RequestCancelled
 from .kv import free_bytes
 
@@ -37,7 +36,17 @@ _MEMORY_SHARE = 0.5  # of the memory free at load time, what concurrent requests
 
 
 class Admission:
-    def __init__(self, max_concurrency: int, max_queue: int, queue_timeout: float | None) -> None:
+    """One ensemble's request slots and queue; `threads` marks the threads that run its
+    requests, which its models' batchers wait for (`core.batching`)."""
+
+    def __init__(
+        self,
+        max_concurrency: int,
+        max_queue: int,
+        queue_timeout: float | None,
+        threads: RequestThreads | None = None,
+    ) -> None:
+        self.threads = threads if threads is not None else RequestThreads()
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
@@ -46,7 +55,6 @@ class Admission:
         self._counted = threading.Condition(lock)  # any count moved: wakes every watcher
         self._running = 0
         self._waiting = 0
-        self._quick = False  # this admission holds the quick switch interval
         self._inside = threading.local()  # set while this thread runs one of our requests
         self._reclaimed = -_RECLAIM_SECONDS  # when a full admission last collected garbage
         # streams between two deltas (their consumer has them) -> since when
@@ -98,16 +106,6 @@ class Admission:
             self._running -= 1
             self._changed.notify()
             self._moved()
-            self._follow_load()
-
-    def _follow_load(self) -> None:
-        """Quick thread switches while more than one request runs (called under the lock)."""
-        busy = self._running > 1
-        if busy and not self._quick:
-            _switches.__enter__()
-        elif self._quick and not busy:
-            _switches.__exit__(None, None, None)
-        self._quick = busy
 
     @contextlib.contextmanager
     def running_here(self) -> Iterator[None]:
@@ -116,7 +114,7 @@ class Admission:
         outer = getattr(self._inside, "depth", 0)
         self._inside.depth = outer + 1
         try:
-            with request_threads.running():
+            with self.threads.running():
                 yield
         finally:
             self._inside.depth = outer
@@ -150,7 +148,6 @@ class Admission:
             return False
         self._running += 1
         self._moved()
-        self._follow_load()
         return True
 
     def _acquire(self, cancel: threading.Event | None = None) -> None:
@@ -173,7 +170,7 @@ class Admission:
             self._moved()
         deadline = None if self.queue_timeout is None else time.monotonic() + self.queue_timeout
         try:
-            with request_threads.parked():  # waiting for a slot: no pass will come from it
+            with self.threads.parked():  # waiting for a slot: no pass will come from it
                 while not self._wait_for_slot(deadline, cancel):
                     self._reclaim()
         finally:
@@ -220,42 +217,6 @@ class Slot:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-class _SwitchInterval:
-    """Python's thread switch interval, lowered while requests run concurrently.
-
-    Concurrent requests are threads: while one runs a batched forward pass (hundreds of small
-    torch operations, each releasing the interpreter lock), the others do their own Python work
-    between passes. At Python's default 5 ms switch interval, the pass waits up to 5 ms for the
-    lock after each operation while another thread computes: measured on the testbed, 8
-    concurrent requests ran 2.5x slower than with 0.5 ms. So while more than one request runs,
-    the interval is at most 0.5 ms; the previous value comes back when they are done (unless
-    someone else changed it meanwhile)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: float | None = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            self._users += 1
-            if self._users == 1:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._saved, _SWITCH_SECONDS))
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._saved is not None:
-                if sys.getswitchinterval() == min(self._saved, _SWITCH_SECONDS):
-                    sys.setswitchinterval(self._saved)
-                self._saved = None
-
-
-_SWITCH_SECONDS = 0.0005
-_switches = _SwitchInterval()
 
 
 def default_concurrency(members: Sequence) -> int:

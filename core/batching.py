@@ -12,13 +12,18 @@ request's own `KVPrefix`.
 
 No thread is added: the first request thread to arrive runs the batch (the leader), later
 arrivals wait; when the leader's own pass is done it hands its role to a waiting thread. Before
-it runs, the leader waits for the request threads that are still computing their next pass in Python
-(`RequestThreads`: the admission marks a thread that runs a request; a thread in a batcher, or
-waiting for a slot, is parked), for a bounded time: twice the longer of a mean pass and a mean
-stretch of a request's Python between two passes. A batch that waited for them costs little
-more than a lone pass, a batch that left them out costs them a whole pass; and while the leader
-waits, the interpreter runs their Python, which one interpreter lock would serialise anyway. A
-lone request has nobody to wait for, and runs its pass at once, in its own thread.
+it runs, the leader waits for the request threads that are still computing their next pass in
+Python, for a bounded time: twice the longer of a mean pass and a mean stretch of a request's
+Python between two passes. A batch that waited for them costs little more than a lone pass, a
+batch that left them out costs them a whole pass; and while the leader waits, the interpreter
+runs their Python, which one interpreter lock would serialise anyway. A lone request has nobody
+to wait for, and runs its pass at once, in its own thread.
+
+Which threads a leader waits for is scoped to the models that share them: each ensemble keeps
+its own `RequestThreads` (its admission marks a thread that runs one of its requests; a thread
+in a batcher, or waiting for a slot, is parked), and a model's batcher waits for the request
+threads of the ensembles that use it (`Batcher.serve`), never for another ensemble's. Nothing
+here changes a process-wide setting.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +42,7 @@ from .kv import KVStore, probe_layout
 Layers = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer: keys, values [1, H, T, D]
 
 _MAX_ROWS = 32  # rows per batched pass
+_TRIANGLE = 512  # new ids per pass whose causal triangle is kept for the next passes
 _SIMILAR = 8  # passes batch together when their new-token counts are within 2x (or <= this)
 # A leader waits for computing threads at most _PATIENCE times the longer of a mean pass of its
 # model and a mean stretch of Python between two passes of a request, within these bounds:
@@ -46,9 +53,10 @@ _PATIENCE_CAP = 0.05  # seconds (a thread busy elsewhere, e.g. with a remote mem
 
 
 class RequestThreads:
-    """How many request threads are computing right now, outside every batcher: the passes a
-    leader may still expect. Threads that never said they run a request (a lane's worker, a
-    direct `Member` call) are not counted, and never waited for."""
+    """How many of one ensemble's request threads are computing right now, outside every
+    batcher: the passes a leader may still expect from them. Threads that never said they run
+    one of its requests (a lane's worker, a direct `Member` call, another ensemble's requests)
+    are not counted here, and never waited for."""
 
     def __init__(self) -> None:
         self.changed = threading.Condition()
@@ -59,19 +67,23 @@ class RequestThreads:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """This thread computes a request (the admission wraps each step of a request stream)."""
+        """This thread computes one of the ensemble's requests (its admission wraps each step
+        of a request stream)."""
         local = self._local
         outer = getattr(local, "depth", 0)
         counted = False
+        previous = getattr(_thread, "threads", None)
         try:
             local.depth = outer + 1
             local.since = time.perf_counter()
+            _thread.threads = self
             if outer == 0:
                 self._add(1)
                 counted = True
             yield
         finally:
             local.depth = outer
+            _thread.threads = previous
             if counted:
                 self._add(-1)
 
@@ -105,12 +117,13 @@ class RequestThreads:
             self._change(delta, gap)
 
     def _change(self, delta: int, gap: float | None = None) -> None:
-        """(Under `changed`.)"""
+        """(Under `changed`.) A waiting leader is woken when nobody computes any more."""
         self.computing += delta
         if gap is not None:
             self._gaps += 1
             self.gap_seconds += (gap - self.gap_seconds) / min(self._gaps, 16)
-        self.changed.notify_all()
+        if self.computing == 0:
+            self.changed.notify_all()
 
     def wait_for_passes(self, patience: float) -> None:
         """Until no request thread computes outside a batcher, for at most `patience` seconds."""
@@ -130,19 +143,27 @@ class Park:
 
     __slots__ = ("_threads", "counted", "_held")
 
-    def __init__(self, threads: RequestThreads, counted: bool) -> None:
+    def __init__(self, threads: RequestThreads | None, counted: bool) -> None:
         self._threads = threads
         self.counted = counted
         self._held = counted
 
     def release(self) -> None:
+        if not self._held:
+            return
         with self._threads.changed:
             if self._held:
                 self._held = False
                 self._threads._change(1)
 
 
-request_threads = RequestThreads()
+_NO_PARK = Park(None, False)  # the wait of a thread that runs no request
+_thread = threading.local()  # .threads: the RequestThreads whose request this thread runs
+
+
+def running_threads() -> RequestThreads | None:
+    """The request threads the calling thread counts among (None: it runs no request)."""
+    return getattr(_thread, "threads", None)
 
 
 @dataclass
@@ -203,8 +224,16 @@ class Batcher:
         self._queue: list[_Ticket] = []
         self._busy = False
         self._pass_seconds = 0.0  # running mean duration of a forward pass
+        self._served: weakref.WeakSet[RequestThreads] = weakref.WeakSet()
+        self._triangle_mask: torch.Tensor | None = None  # `_triangle`, grown on demand
         self.batches = 0  # passes run (a batched pass counts once)
         self.rows = 0  # requests' passes served
+
+    def serve(self, threads: RequestThreads) -> None:
+        """Requests running on `threads` (one ensemble's) use this model: a leader waits for
+        them while they compute their next pass."""
+        with self._lock:
+            self._served.add(threads)
 
     # --- the combining protocol ----------------------------------------------------------------
     # Every change of the queue and of who leads happens under the lock, and a thread's own
@@ -213,11 +242,13 @@ class Batcher:
     # passes on a leader's role it was given; an interrupted leader puts the others' passes back.
 
     def run(self, job: Pass) -> Pass:
-        park = request_threads.park()
+        threads = running_threads()
+        park = threads.park() if threads is not None else _NO_PARK
         try:
             return self._run_ticket(_Ticket(job, park))
         finally:
-            request_threads.unpark(park)
+            if threads is not None:
+                threads.unpark(park)
 
     def _run_ticket(self, ticket: _Ticket) -> Pass:
         try:
@@ -271,12 +302,19 @@ class Batcher:
                 raise
 
     def _gather(self) -> None:
-        """Wait while other request threads still compute their next pass (they may come here),
-        within the patience bounds."""
-        if self.batched:
-            longer = max(self._pass_seconds, request_threads.gap_seconds)
-            patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
-            request_threads.wait_for_passes(patience)
+        """Wait while other request threads of the ensembles this model serves still compute
+        their next pass (they may come here), within the patience bounds."""
+        if not self.batched:
+            return
+        with self._lock:
+            served = list(self._served)
+        if not any(threads.computing for threads in served):
+            return
+        longer = max(self._pass_seconds, *(threads.gap_seconds for threads in served))
+        patience = min(_PATIENCE_CAP, max(_PATIENCE_FLOOR, _PATIENCE * longer))
+        deadline = time.perf_counter() + patience
+        for threads in served:
+            threads.wait_for_passes(deadline - time.perf_counter())
 
     def _pick(self, own: _Ticket) -> list[_Ticket]:
         """The leader's own pass first, then others of a similar size whose rows lie near its
@@ -325,12 +363,17 @@ class Batcher:
 
     def _call(self, ids: torch.Tensor, cache, keep: list[int], **extra) -> torch.Tensor:
         start = time.perf_counter()
+        width = ids.shape[-1]
+        if keep == list(range(width - len(keep), width)):  # the last rows: a plain slice
+            to_keep: int | torch.Tensor = len(keep)
+        else:
+            to_keep = torch.tensor(keep, device=self.device)
         with torch.no_grad():
             out = self.model(
                 input_ids=ids.to(self.device),
                 cache=cache,
                 use_cache=True,
-                logits_to_keep=torch.tensor(keep, device=self.device),
+                logits_to_keep=to_keep,
                 **extra,
             )
         logits = out.logits.float()
@@ -371,21 +414,48 @@ class Batcher:
             writes.append((job.row, job.past_len, n, b))
         keep = sorted({k for job in jobs for k in job.keep})
         at = {k: i for i, k in enumerate(keep)}
-        allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
+        if len(jobs) == 1 and jobs[0].allowed is None:  # one plain pass: causal after its past
+            mask = self._plain_mask(past[0], width)
+        else:
+            allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
+            mask = _additive(allowed, self.dtype)
         with store.lock:
             store.fit(columns)
             logits = self._call(
                 torch.tensor(ids),
                 store.pass_cache(lo, hi, columns, writes),
                 keep,
-                attention_mask=_additive(allowed, self.dtype),
+                attention_mask=mask,
                 position_ids=torch.tensor(positions, device=self.device),
             )
-        logits = logits[[job.row - lo for job in jobs]]
+        if len(jobs) > 1:
+            logits = logits[[job.row - lo for job in jobs]]
         soft = None if all(j.raw for j in jobs) else torch.log_softmax(logits, dim=-1)
-        for b, job in enumerate(jobs):
-            job.rows = (logits if job.raw else soft)[b, [at[k] for k in job.keep]]
+        for b, job in enumerate(jobs):  # a lone pass's rows are the whole result (no copy)
+            rows = logits if job.raw else soft
+            alone = len(jobs) == 1 and job.keep == keep
+            job.rows = rows[b] if alone else rows[b, [at[k] for k in job.keep]]
         self.rows += len(jobs)
+
+    def _plain_mask(self, past: int, width: int) -> torch.Tensor:
+        """[1, 1, width, past + width]: what `_rows_mask` gives one plain pass (each new id sees
+        the past and the new ids up to itself), built from a cached triangle."""
+        mask = torch.zeros(1, 1, width, past + width, dtype=self.dtype, device=self.device)
+        if width > 1:
+            mask[0, 0, :, past:] = self._triangle(width)
+        return mask
+
+    def _triangle(self, width: int) -> torch.Tensor:
+        """The additive causal mask of `width` new ids among themselves (cached up to
+        `_TRIANGLE` ids)."""
+        cached = self._triangle_mask
+        if cached is not None and cached.shape[0] >= width:
+            return cached[:width, :width]
+        allowed = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
+        triangle = _additive(allowed, self.dtype)
+        if width <= _TRIANGLE:
+            self._triangle_mask = triangle
+        return triangle
 
 
 def _rows_mask(jobs, lo, past, sizes, width, columns, device) -> torch.Tensor:
@@ -417,7 +487,7 @@ class _Ticket:
     def __init__(self, job: Pass, park: Park) -> None:
         self.job = job
         self.park = park
-        self.ready = threading.Event()
+        self.ready = _Signal()
         self.leads = False
         self.finished = False
         self.error: BaseException | None = None
@@ -435,6 +505,25 @@ class _Ticket:
         if self.error is not None:
             raise self.error
         return self.job
+
+
+class _Signal:
+    """A one-shot wake-up for one waiting thread (a ticket is told once: its pass is done, or
+    it leads now): one lock, where `threading.Event` builds a condition and a lock per wait."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+        self._lock.release()
 
 
 _registry_lock = threading.Lock()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .admission import Admission, Slot, default_concurrency
-from .batching import request_threads
+from .batching import RequestThreads
 from .chat import normalize_messages, raw_prompt_text
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
@@ -83,7 +83,10 @@ class Ensemble:
         )
         limit = self.options.max_concurrency or default_concurrency(self.members)
         queue = 4 * limit if self.options.max_queue is None else self.options.max_queue
-        self.admission = Admission(limit, queue, self.options.queue_timeout)
+        threads = RequestThreads()  # this ensemble's requests: what its batchers wait for
+        for member in self.members:
+            member.serve(threads)
+        self.admission = Admission(limit, queue, self.options.queue_timeout, threads)
 
     @classmethod
     @takes_options(*GROUPS)
@@ -357,7 +360,7 @@ class RequestStream(Iterator[Delta]):
         """Count the calling thread as computing this request between its steps too (a worker
         handing each delta on to an event loop): a batched pass then waits for its next pass as
         it waits for a thread that reads its own deltas, instead of leaving it for the next one."""
-        return request_threads.running()
+        return self._admission.threads.running()
 
 
 class _Run:

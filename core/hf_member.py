@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
@@ -142,6 +141,9 @@ class HFMember(Member):
             return kv.length * self.kv_bytes_per_token
         return kv.nbytes() if kv is not None else 0
 
+    def serve(self, threads) -> None:
+        self.batcher.serve(threads)
+
     def reserve(self, new_tokens: int) -> None:
         """A row in the store with room for the prompt and `new_tokens` more (plus what
         scoring passes write past the end), claimed now rather than mid-request."""
@@ -225,8 +227,11 @@ class HFMember(Member):
         return self._kv
 
     def _set_last_row(self, row: torch.Tensor | None) -> None:
-        if self._kv is not None:
-            self._state.cache = replace(self._kv, last_row=row)
+        kv = self._kv
+        if isinstance(kv, KVRow):
+            self._state.cache = KVRow(kv.slot, kv.length, row)
+        elif kv is not None:
+            self._state.cache = KVPrefix(kv.layers, kv.length, row)
 
     def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
@@ -253,9 +258,12 @@ class HFMember(Member):
                 out = self._forward(feed, keep, allowed=allowed, positions=positions)
                 self._rewind(end)  # the repeated ids' keys are dead
                 self.prefilled += max(0, min(prompt_len, end) - cached)
-                got.update(zip([r for r in missing if r >= cached] + earlier, out, strict=True))
+                done = [r for r in missing if r >= cached] + earlier
+                got.update(zip(done, out.unbind(0), strict=True))
                 if end - 1 in got:
                     self._set_last_row(got[end - 1])
+            if len(rows) == 1:
+                return got[rows[0]][None]
             return torch.stack([got[r] for r in rows])
 
     def score(

@@ -21,12 +21,11 @@ process) and `core.remote.RemoteMember` (a model served over HTTP).
 from __future__ import annotations
 
 import bisect
-import contextlib
 import copy
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -75,7 +74,45 @@ class SequenceState:
     grammar: Matcher | None = None
 
     def copy(self) -> SequenceState:
-        return replace(self, seq=list(self.seq), ends=list(self.ends))
+        return SequenceState(
+            list(self.seq), self.prompt_len, self.data, list(self.ends), self.cache, self.grammar
+        )
+
+
+class _Transaction:
+    """`Member._transaction`: the state saved on entry, put back when the block raises."""
+
+    __slots__ = ("member", "operation", "outer", "saved")
+
+    def __init__(self, member: Member, operation: str) -> None:
+        self.member, self.operation = member, operation
+
+    def __enter__(self) -> None:
+        member = self.member
+        self.outer = not member._depth
+        if self.outer:
+            self.saved = member._state.copy()
+            member._depth = 1
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if not self.outer:
+            return False
+        member = self.member
+        member._depth = 0
+        if kind is None:
+            return False
+        member._state = self.saved
+        if isinstance(error, MemberError):
+            error.member = error.member or member.name
+            error.operation = error.operation or self.operation
+        if isinstance(error, EnsembleError) or not isinstance(error, Exception):
+            return False
+        raise MemberError(
+            f"member {member.name!r} failed during {self.operation}: "
+            f"{type(error).__name__}: {error}",
+            member=member.name,
+            operation=self.operation,
+        ) from error
 
 
 class Member(ABC):
@@ -107,31 +144,11 @@ class Member(ABC):
 
     # --- transactions ------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _transaction(self, operation: str) -> Iterator[None]:
+    def _transaction(self, operation: str) -> _Transaction:
         """Put the state back if the operation fails, and name the member and the operation in
-        the error (errors the library raises on purpose pass through as they are)."""
-        if self._depth:
-            yield
-            return
-        saved = self._state.copy()
-        self._depth = 1
-        try:
-            yield
-        except BaseException as error:
-            self._state = saved
-            if isinstance(error, MemberError):
-                error.member = error.member or self.name
-                error.operation = error.operation or operation
-            if isinstance(error, EnsembleError) or not isinstance(error, Exception):
-                raise
-            raise MemberError(
-                f"member {self.name!r} failed during {operation}: {type(error).__name__}: {error}",
-                member=self.name,
-                operation=operation,
-            ) from error
-        finally:
-            self._depth = 0
+        the error (errors the library raises on purpose pass through as they are). Only the
+        outermost operation is a transaction: an inner one is part of it."""
+        return _Transaction(self, operation)
 
     def _check_cancelled(self) -> None:
         if self._cancel is not None and self._cancel.is_set():
@@ -441,6 +458,10 @@ class Member(ABC):
                 ids.append(token)
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
+
+    def serve(self, threads) -> None:  # noqa: B027 (a hook: nothing by default)
+        """Requests of one ensemble, run on `threads` (a `core.batching.RequestThreads`), use
+        this member: a backend that batches their passes waits for them."""
 
     def reserve(self, new_tokens: int) -> None:  # noqa: B027 (a hook: nothing by default)
         """The request starts: a backend claims the room its cache will need for the prompt and

@@ -215,10 +215,23 @@ def stop_logprob(logprobs: torch.Tensor, stop_ids: Iterable[int]) -> torch.Tenso
     """log P(the turn ends here): the total probability of a member's stop ids, along the last
     dimension (any of its end-of-turn ids ends the turn, so their mass is one event); -inf where
     none of them is in the row. The one place the core computes a stop's probability."""
-    ids = [i for i in stop_ids if i < logprobs.shape[-1]]
-    if not ids:
+    ids = stop_index(stop_ids, logprobs.shape[-1], logprobs.device)
+    if not len(ids):
         return torch.full(logprobs.shape[:-1], -math.inf, device=logprobs.device)
     return torch.logsumexp(logprobs[..., ids], dim=-1)
+
+
+def stop_index(stop_ids: Iterable[int], size: int, device: torch.device | str = "cpu"):
+    """The stop ids below `size`, in the order the ids come, as an index tensor (cached per
+    frozenset of ids: a model can have thousands of control tokens, each of them a stop)."""
+    if isinstance(stop_ids, frozenset):
+        return _stop_index(stop_ids, size, str(device))
+    return _stop_index.__wrapped__(frozenset(stop_ids), size, str(device))
+
+
+@lru_cache(maxsize=64)
+def _stop_index(stop_ids: frozenset[int], size: int, device: str) -> torch.Tensor:
+    return torch.tensor([i for i in stop_ids if i < size], dtype=torch.long, device=device)
 
 
 def _successor(prefix: bytes) -> bytes | None:

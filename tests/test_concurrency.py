@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -88,6 +89,22 @@ def test_concurrent_passes_are_batched(shipped_members):
         list(pool.map(lambda p: ens.generate(p.messages, CONFIG), PROBLEMS[:8]))
     passes, rows = batcher.batches - before_passes, batcher.rows - before_rows
     assert rows >= 8 * 2 and passes < rows
+
+
+@needs_trained
+def test_concurrent_requests_change_no_process_wide_setting(shipped_members):
+    """The library never touches the interpreter's thread switch interval: the host
+    application and a second ensemble in the process see it as they set it."""
+    ens = Ensemble(list(shipped_members), "safe")
+    before = sys.getswitchinterval()
+    seen = set()
+
+    def on_event(_event) -> None:
+        seen.add(sys.getswitchinterval())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda p: ens.generate(p.messages, CONFIG, on_event=on_event), PROBLEMS))
+    assert seen == {before} and sys.getswitchinterval() == before
 
 
 @needs_trained
@@ -218,13 +235,15 @@ def test_a_full_queue_and_a_queue_timeout_are_errors(shipped_members):
 def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(method):
     """An agent loop resends the whole history each turn: the prefix computed for the previous
     turn is reused, so only the new part of the prompt is computed (counted), and the text is
-    the same as without reuse."""
+    the same as without reuse. The leading member computed its whole answer; a verifier may
+    not have read the answer's last draft (SAFE reads a verifier only where the consensus
+    needs it), but never computes the previous turn's prompt again."""
     from core.kv import common_prefix
 
     members = [HFMember.load(path, device="cpu") for path in model_paths()]  # no kept prefix
     reuse = Ensemble(members, method)
     fresh = Ensemble(members, method, prefix_reuse=False)
-    messages, previous = list(PROBLEMS[3].messages), None
+    messages, previous, asked = list(PROBLEMS[3].messages), None, {}
     for turn in range(5):
         stream = reuse.stream(messages, CONFIG)
         deltas = list(stream)
@@ -242,8 +261,12 @@ def test_the_next_turn_of_a_conversation_prefills_only_its_new_tokens(method):
             shared = common_prefix(previous[member.name], prompt)
             new = len(prompt) - shared
             assert shared > len(prompt) // 2  # the history is most of the prompt...
-            assert stats.prefilled[member.name] <= new + 1  # ...and is not computed again
+            if member.name == stream.members[0].name:  # ...and is not computed again
+                assert stats.prefilled[member.name] <= new + 1
+            else:
+                assert stats.prefilled[member.name] <= len(prompt) - asked[member.name] + 1
         previous = {m.name: m.prompt_ids + m.ids for m in stream.members}
+        asked = {m.name: len(m.prompt_ids) for m in stream.members}
         messages += [
             {"role": "assistant", "content": text},
             {"role": "user", "content": f"And then? (turn {turn + 2})"},

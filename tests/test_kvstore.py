@@ -18,7 +18,7 @@ from conftest import cancel_midway, needs_trained
 
 import core.kv
 from core import Ensemble, GenerationConfig, HFMember
-from core.batching import request_threads
+from core.batching import RequestThreads
 from core.errors import EnsembleBusyError, MemberError
 from core.kv import CHUNK
 from core.sampling import Sampler
@@ -145,6 +145,8 @@ def test_a_fault_inside_a_batched_pass_leaves_every_request_as_it_was():
     distribution is what it was), no cache was copied to make that so, and each goes on as
     if nothing happened."""
     member = _fresh(0)
+    request_threads = RequestThreads()
+    member.serve(request_threads)
     views = [member.spawn(reuse=False) for _ in range(4)]
     for view, problem in zip(views, PROBLEMS[::2], strict=True):
         view.start(problem.messages)

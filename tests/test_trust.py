@@ -138,7 +138,8 @@ def test_concurrent_requests_lose_no_update(trio):
 
 @needs_trained
 def test_a_member_under_the_floor_is_not_run_until_it_is_probed(shipped_members, tmp_path):
-    """Forward passes of the weak member's model are counted by a hook on the model itself."""
+    """Forward passes of the weak member's model are counted by a hook on the model itself: a
+    member under the floor runs none, except in the requests that probe it."""
     names = [m.name for m in shipped_members]
     path = _write(tmp_path, {"weights": dict(zip(names, [0.6, 0.35, 0.05], strict=True))})
     weak = shipped_members[2]
@@ -156,7 +157,10 @@ def test_a_member_under_the_floor_is_not_run_until_it_is_probed(shipped_members,
                 passes.clear()
                 out = ens.generate(problem.messages, max_new_tokens=40)
                 asked = weak.name in out.stats.prompt_tokens
-                assert asked == bool(passes) == (out.stats.counts.get("trust_probe", 0) == 1)
+                assert asked == (out.stats.counts.get("trust_probe", 0) == 1)
+                assert asked or not passes  # a member left out runs no pass
+                if method != "safe":  # SAFE runs a verifier only where the consensus needs it
+                    assert asked == bool(passes)
                 seen.append(asked)
             assert seen == [False, False, True, False, False, True], method
             frozen = Ensemble(list(shipped_members), method, weight_floor=0.2, probe_every=3)

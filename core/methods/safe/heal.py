@@ -36,6 +36,9 @@ _HEAL_DEPTH = 3  # tokens a healed verifier may spend spelling the partial text 
 # (the last one read only as going on with the text: see Healer._started)
 _HEAL_PRUNE = 1e-2  # drop a spelling path this much less likely than what its target has
 _HEAL_BRANCHES = 16  # most paths expanded per level (one forward pass per level)
+_HEAL_AHEAD = 64  # most rows one branch pass computes ahead for the levels below it...
+_HEAL_AHEAD_LOGITS = 1 << 20  # ...and at most this many logits in all (rows x vocabulary): on a
+# large vocabulary (Gemma's 262,144) a row costs the head a good part of a pass
 
 
 class Healer:
@@ -48,8 +51,10 @@ class Healer:
         self, member: Member, index: ByteIndex, m: int, row: torch.Tensor, prune=_HEAL_PRUNE
     ) -> None:
         self.member, self.index, self.m, self.prune = member, index, m, prune
-        self.stops = [i for i in member.stop_ids if i < row.shape[-1]]
+        self.stops = member.stop_ids
         self.rows: dict[tuple[int, ...], torch.Tensor] = {(): row.float().cpu()}
+        # rows one pass may compute ahead: each costs a product with the whole vocabulary
+        self.ahead = min(_HEAL_AHEAD, _HEAL_AHEAD_LOGITS // max(1, row.shape[-1]))
         self._cumsum: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _mass(self, path: tuple[int, ...], prefix: bytes) -> float:
@@ -66,7 +71,7 @@ class Healer:
         result = [0.0] * len(targets)
         frontier = [((), 1.0, t, s, end) for t, (s, end) in enumerate(targets)]
         for depth in range(_HEAL_DEPTH + 1):
-            self._expand_rows(frontier)
+            self._expand_rows(frontier, depth)
             grown = []
             for path, weight, t, s, end in frontier:
                 row = self.rows[path]
@@ -94,12 +99,20 @@ class Healer:
         ids = [i for _, twins in self.index.prefixes(s, proper=True) for i in twins]
         return float(row[ids].exp().sum()) if ids else 0.0
 
-    def _expand_rows(self, frontier) -> None:
-        """The rows every path of the frontier needs, in one batched pass."""
-        need = sorted({path for path, *_ in frontier if path not in self.rows})
-        if need:
-            rows = self.member.branch_logprobs(self.m, [list(p) for p in need])
-            self.rows.update(zip(need, rows.float().cpu(), strict=True))
+    def _expand_rows(self, frontier, depth: int) -> None:
+        """The rows every path of the frontier needs, in one batched pass; in the same pass,
+        the rows of every way the frontier's paths can go on spelling their targets (within
+        the depth and `ahead` rows), which the next levels would otherwise ask for one pass
+        each."""
+        need = {path for path, *_ in frontier if path not in self.rows}
+        if not need:
+            return
+        ahead = _descendants(self.index, frontier, depth, self.rows)
+        if len(need | ahead) <= self.ahead:
+            need |= ahead
+        order = sorted(need)
+        rows = self.member.branch_logprobs(self.m, [list(p) for p in order])
+        self.rows.update(zip(order, rows.float().cpu(), strict=True))
 
     def _prune(self, grown: list, result: list[float]) -> list:
         """Drop paths negligible next to what their target already has, or to its likeliest
@@ -113,6 +126,23 @@ class Healer:
             best[path] = max(weight, best.get(path, 0.0))
         kept = set(sorted(best, key=best.get, reverse=True)[:_HEAL_BRANCHES])
         return [g for g in grown if g[0] in kept]
+
+
+def _descendants(index: ByteIndex, frontier, depth: int, have) -> set[tuple[int, ...]]:
+    """Every path (not in `have`) by which the frontier's paths, at `depth`, can go on spelling
+    their targets down to `_HEAL_DEPTH`: what `Healer.probs` may expand at the next levels."""
+    found: set[tuple[int, ...]] = set()
+    level = [(path, s, end) for path, _, _, s, end in frontier]
+    for _ in range(depth, _HEAL_DEPTH):
+        grown = []
+        for path, s, end in level:
+            if not s:
+                continue
+            for n, ids in index.prefixes(s, proper=not end):
+                grown.extend((path + (i,), s[n:], end) for i in ids)
+        found.update(path for path, _, _ in grown if path not in have)
+        level = grown
+    return found
 
 
 def healed_probs(healer: Healer, u: bytes, strings: Sequence[str]) -> list[float]:

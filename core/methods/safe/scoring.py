@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ...member import Member
-from ...parallel import each
+from ...parallel import each, overlaps
 from ...sampling import Sampler
-from ...vocab import stop_logprob
+from ...vocab import stop_index, stop_logprob
 from .drafting import Draft, Position
 from .heal import HealCycle, NoHeal
 
@@ -49,7 +49,8 @@ class Reading:
 
 class Readings:
     """Every verifier's reading of one draft, each built on first need (a draft the GaC gate
-    covers needs none) and scored at most once, all verifiers at once."""
+    covers needs none) and scored at most once, when first needed (a consensus the drafter and
+    the first verifiers already decide needs no pass of the others)."""
 
     def __init__(
         self,
@@ -87,9 +88,19 @@ class Readings:
     def healed(self, i: int, j: int) -> bool:
         return self.heal.reads(i, j)
 
-    def score(self) -> None:
-        """Every verifier's one forward pass, concurrently where they live apart (remote)."""
-        index = {self.built[i].member: i for i in self.verifiers}
+    @property
+    def concurrent(self) -> bool:
+        """The verifiers' passes overlap (they live apart: remote servers, other devices)."""
+        return overlaps([self.verifiers[i] for i in self.verifiers])
+
+    def score(self, only: int | None = None) -> None:
+        """Verifier `only`'s one forward pass, or every verifier's (concurrently where they live
+        apart); each verifier is scored at most once per draft."""
+        wanted = self.verifiers if only is None else [only]
+        built = {i: self.of(i) for i in wanted}
+        index = {reading.member: i for i, reading in built.items() if not reading.scored}
+        if not index:
+            return
 
         def one(member: Member) -> None:
             i = index[member]
@@ -101,7 +112,8 @@ class Readings:
     def own(self, i: int, j: int) -> tuple[float, bool]:
         """Verifier i at position j: P(its own next token) and whether that is its argmax. Read
         by text, the drafted text's probability, and "argmax" when it is above one half (no
-        rival can beat it then)."""
+        rival can beat it then). Scores the verifier first if it was not yet."""
+        self.score(i)
         reading = self.built[i]
         if self.heal.reads(i, j):
             q = self.heal.own(i, j, reading)
@@ -110,11 +122,13 @@ class Readings:
 
     def row(self, i: int, j: int) -> torch.Tensor:
         """Verifier i's log-probs at position j (aligned there)."""
+        self.score(i)
         reading = self.built[i]
         return reading.rows[reading.aligned[j]]
 
     def column(self, i: int, j: int, strings: list[str], pool: list[int]) -> torch.Tensor:
         """Verifier i read by text at position j: its probabilities over candidates `pool`."""
+        self.score(i)
         return self.heal.column(i, j, self.built[i], strings, pool)
 
 
@@ -192,5 +206,5 @@ def _score(reading: Reading, positions: list[Position], sampler: Sampler, extra:
             row = rows[at[m]]
             stop = float(stop_logprob(row, member.stop_ids).exp())
             rest = row.clone()
-            rest[[i for i in member.stop_ids if i < row.shape[-1]]] = -math.inf
+            rest[stop_index(member.stop_ids, row.shape[-1], row.device)] = -math.inf
             reading.own[j], reading.agree[j] = stop, stop >= float(rest.max().exp())
