@@ -89,7 +89,7 @@ def load_prompts(prompts: str, n: int, seed: int) -> tuple[str, list[list[dict]]
     """The prompts by name (`arithmetic`: the testbed's chain-of-thought problems of `seed`;
     `questions`: QUESTIONS) or from a JSONL file of {"prompt": ...} lines; at most `n`."""
     if prompts == "arithmetic":
-        from ..testbed import make_problems
+        from core.testbed import make_problems
 
         problems = make_problems(n, seed=seed, form="cot", split="test")
         return f"arithmetic-cot seed {seed}", [p.messages for p in problems]
@@ -334,6 +334,13 @@ def run(
     return write_results(out, result, markdown(result))
 
 
+def _real_pair() -> list:
+    """SmolLM2-135M-Instruct drafting, Gemma-3-270M verifying, as the real testbed gives them."""
+    from core.testbed.real_models import real_members
+
+    return real_members()
+
+
 def _load() -> float:
     import os
 
@@ -347,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m lab.bench.speed", description=__doc__)
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
+    p.add_argument("--real", action="store_true", help="the real pair (the `real` extra)")
     p.add_argument("--prompts", default="arithmetic", help="arithmetic | questions | FILE.jsonl")
     p.add_argument("--n", type=int, default=60)
     p.add_argument("--seed", type=int, default=7, help="arithmetic: the problems' seed")
@@ -361,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     try:
         prompt_set, prompts = load_prompts(args.prompts, args.n, args.seed)
-        members = load_members(args.model, args.device)
+        members = load_members(_real_pair() if args.real else args.model, args.device)
         names = [m.name for m in members]
         setups = parse_setups((), (), len(members), args.config or DEFAULT_CONFIGS, names)
         compare = json.loads(Path(args.compare).read_text()) if args.compare else None
