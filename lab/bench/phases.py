@@ -120,16 +120,16 @@ def _timed_iterator(clock: PhaseClock, iterator: Iterator, phase: str) -> Iterat
 
 def _targets() -> list[tuple[object, str, str]]:
     """(owner, attribute, phase): the engine's steps a breakdown tells apart."""
-    from ..batching import Batcher
-    from ..hf_member import HFMember
-    from ..member import Member
-    from ..methods.base import Method
-    from ..methods.safe import Safe
-    from ..methods.safe.drafting import Proposer
-    from ..methods.safe.ensembling import Ensembler
-    from ..methods.safe.heal import HealCycle
-    from ..methods.safe.scoring import Readings
-    from ..methods.specem import SpecEM
+    from core.batching import Batcher
+    from core.hf_member import HFMember
+    from core.member import Member
+    from core.methods.base import Method
+    from core.methods.safe import Safe
+    from core.methods.safe.drafting import Proposer
+    from core.methods.safe.ensembling import Ensembler
+    from core.methods.safe.heal import HealCycle
+    from core.methods.safe.scoring import Readings
+    from core.methods.specem import SpecEM
 
     return [
         (Method, "commits", "python between passes"),
