@@ -49,3 +49,13 @@ def test_partial_stop_is_held_back_then_released():
     assert f.feed("cure") == "\nObscure"
     assert f.feed("\nObservation: 12") == ""
     assert f.found
+
+
+def test_a_stop_that_starts_earlier_but_ends_later_wins():
+    """Stops ":" and "O::" over "O::": the output ends where "O::" starts, although ":" is
+    complete first, whichever way the text arrives."""
+    for chunks in (["O:", ":"], ["O", "::"], ["O::"]):
+        emitted, stopped = _run([":", "O::"], chunks)
+        assert ("".join(emitted), stopped) == ("", True)
+    emitted, stopped = _run([":", "O::"], ["O:"])
+    assert ("".join(emitted), stopped) == ("O", True)  # the end: ":" was the stop after all
