@@ -487,10 +487,11 @@ class _Run:
     def _last(self, text: str, finish: str, calls) -> Delta:
         stats = self.request.stats
         for member in self.members:
-            if member.calls or member.name in stats.prompt_tokens:
-                stats.member_seconds[member.name] = member.seconds
-                stats.member_calls[member.name] = member.calls
-                stats.prefilled[member.name] = getattr(member, "prefilled", 0)
+            state = member.state
+            if state.calls or member.name in stats.prompt_tokens:
+                stats.member_seconds[member.name] = state.seconds
+                stats.member_calls[member.name] = state.calls
+                stats.prefilled[member.name] = getattr(state, "prefilled", 0)
                 stats.cache_bytes += member.memory_bytes()
         stats.seconds = time.perf_counter() - self.started
         if stats.first_delta_seconds is None and text:

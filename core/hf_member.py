@@ -13,23 +13,34 @@ requests leave their prefixes in the member's `PrefixPool` (copied out of the st
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .batching import Pass, batcher_for
 from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
 from .local import Local, single_token_ids
-from .member import Member
+from .member import Member, RequestState
 from .vocab import Vocab, stop_logprob
 
 _SCORING_ROOM = 64  # positions a request's row keeps free past its text for scoring passes
 
 
+@dataclass
+class HFRequestState(RequestState):
+    """A request's state in an in-process member: the member's own plus how many prompt ids
+    its passes computed (prefix reuse saves these)."""
+
+    prefilled: int = 0
+
+
 class HFMember(Member):
     """An in-process Hugging Face causal LM with its tokenizer, device, dtype and KV cache."""
+
+    state: HFRequestState
+    state_type = HFRequestState
 
     def __init__(self, name: str, model, tokenizer, stop: Sequence[str] = ()) -> None:
         """`stop`: the strings this member's chat template ends a turn with (`Local.stop`);
@@ -61,9 +72,7 @@ class HFMember(Member):
         self.takes_block_mask = self.attention in ("eager", "sdpa")
         self.batcher = batcher_for(model)
         self.store = self.batcher.store  # None: each request keeps its own KVPrefix
-        self._pool = PrefixPool()
-        self._reuse_prefixes = True
-        self.prefilled = 0  # prompt ids computed for the request (prefix reuse saves these)
+        self._pool = PrefixPool()  # shared by every request on this member, on purpose
 
     @classmethod
     def load(
@@ -105,11 +114,10 @@ class HFMember(Member):
             tokenizer.chat_template = template
         return cls(spec.name or name or spec.label, model, tokenizer, spec.stop)
 
-    def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> HFMember:
-        """`reuse=False`: this request neither takes nor leaves cached prompt prefixes."""
-        twin = super().spawn(cancel)
-        twin.prefilled, twin._reuse_prefixes = 0, reuse
-        return twin
+    @property
+    def prefilled(self) -> int:
+        """Prompt ids computed for the current request (prefix reuse saves these)."""
+        return self.state.prefilled
 
     # --- cache and forward ----------------------------------------------------------------
 
@@ -122,7 +130,7 @@ class HFMember(Member):
 
     @property
     def _kv(self) -> KVRow | KVPrefix | None:
-        return self._state.cache
+        return self.state.sequence.cache
 
     @property
     def _cached(self) -> int:
@@ -148,31 +156,32 @@ class HFMember(Member):
         """A row in the store with room for the prompt and `new_tokens` more (plus what
         scoring passes write past the end), claimed now rather than mid-request."""
         if self.store is not None:
-            need = min(len(self._state.seq) + new_tokens, self.context_window) + _SCORING_ROOM
+            need = len(self.state.sequence.seq) + new_tokens
+            need = min(need, self.context_window) + _SCORING_ROOM
             self._store_row(need)
 
     def keep_prefix(self) -> None:
         kv = self._kv
-        if kv is not None and kv.length and self._reuse_prefixes:
+        if kv is not None and kv.length and self.state.reuse:
             stored = self.store.read(kv) if isinstance(kv, KVRow) else kv
-            self._pool.put(self._state.seq, stored)
+            self._pool.put(self.state.sequence.seq, stored)
         self.release()
 
     def release(self) -> None:
         kv = self._kv
         if isinstance(kv, KVRow):
             kv.slot.release()
-            self._state.cache = None
+            self.state.sequence.cache = None
 
     def _reuse(self, prompt: list[int]) -> None:
-        if self._cached == 0 and self._reuse_prefixes:
+        if self._cached == 0 and self.state.reuse:
             found = self._pool.take(prompt)  # a KVPrefix: copied into a row at the first pass
             if found is not None:
-                self._state.cache = found
+                self.state.sequence.cache = found
 
     def _rewind(self, keep: int) -> None:
         if self._kv is not None and keep < self._kv.length:
-            self._state.cache = self._kv.crop(keep)
+            self.state.sequence.cache = self._kv.crop(keep)
 
     def _store_row(self, tokens: int = 0) -> KVRow:
         """The request's row in the store (claimed, and a pooled prefix copied in, on first
@@ -181,7 +190,7 @@ class HFMember(Member):
         if not isinstance(kv, KVRow):
             slot = self.store.slot(max(tokens, self._cached))
             kv = self.store.write(slot, kv) if kv is not None else KVRow(slot, 0)
-            self._state.cache = kv
+            self.state.sequence.cache = kv
         if tokens > self.store.capacity:
             with self.store.lock:
                 self.store.fit(tokens)
@@ -208,15 +217,15 @@ class HFMember(Member):
             row = self._store_row()
             job.row = row.slot.index
             self.batcher.run(job)
-            self._state.cache = KVRow(row.slot, cached + len(ids))
+            self.state.sequence.cache = KVRow(row.slot, cached + len(ids))
         else:
             job.past = self._kv.layers if self._kv is not None else None
             self.batcher.run(job)
-            self._state.cache = KVPrefix(job.present, cached + len(ids))
+            self.state.sequence.cache = KVPrefix(job.present, cached + len(ids))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.calls += 1
-        self.seconds += time.perf_counter() - start
+        self.state.calls += 1
+        self.state.seconds += time.perf_counter() - start
         return job.rows
 
     def _materialised(self) -> KVRow | KVPrefix | None:
@@ -229,14 +238,15 @@ class HFMember(Member):
     def _set_last_row(self, row: torch.Tensor | None) -> None:
         kv = self._kv
         if isinstance(kv, KVRow):
-            self._state.cache = KVRow(kv.slot, kv.length, row)
+            self.state.sequence.cache = KVRow(kv.slot, kv.length, row)
         elif kv is not None:
-            self._state.cache = KVPrefix(kv.layers, kv.length, row)
+            self.state.sequence.cache = KVPrefix(kv.layers, kv.length, row)
 
     def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
-            prompt_len, seq = self._state.prompt_len, self._state.seq
+            state = self.state
+            prompt_len, seq = state.sequence.prompt_len, state.sequence.seq
             rows = [prompt_len + b - 1 for b in boundaries]
             kv = self._kv
             have = kv.length - 1 if kv is not None and kv.last_row is not None else None
@@ -257,7 +267,7 @@ class HFMember(Member):
                 keep += range(len(tail), len(feed))
                 out = self._forward(feed, keep, allowed=allowed, positions=positions)
                 self._rewind(end)  # the repeated ids' keys are dead
-                self.prefilled += max(0, min(prompt_len, end) - cached)
+                state.prefilled += max(0, min(prompt_len, end) - cached)
                 done = [r for r in missing if r >= cached] + earlier
                 got.update(zip(done, out.unbind(0), strict=True))
                 if end - 1 in got:
@@ -281,7 +291,7 @@ class HFMember(Member):
         with self._transaction("verify-in-line scoring"):
             blocks, ends, start = self._continuation_blocks(continuations, base, ends)
             visible = min(self._cached, start - 1)  # cached positions the blocks may see
-            tail = self._state.seq[visible:start]  # the prefix's uncached end (>= its last id)
+            tail = self.state.sequence.seq[visible:start]  # the prefix's uncached end (>= last id)
             if not self.takes_block_mask:
                 return self._score_each(visible, tail, blocks, ends, raw)
             kv = self._materialised()
@@ -298,7 +308,7 @@ class HFMember(Member):
                 self._rewind(start)
                 self._set_last_row(last)
             else:  # the cache reaches past the prefix: drop only what this pass added
-                self._state.cache = kv
+                self.state.sequence.cache = kv
             scores, offset = [], t
             for block, end in zip(blocks, ends, strict=True):
                 k = len(block)
@@ -346,7 +356,7 @@ class HFMember(Member):
             branches = self._check_branches(boundary, branches)
             if not branches:
                 return torch.empty(0, self.vocab.size)
-            prefix = self._state.prompt_len + boundary
+            prefix = self.state.sequence.prompt_len + boundary
             if self._cached < prefix:
                 self._model_logprobs([boundary])  # the cache now reaches the branch point
             if not self.takes_block_mask:  # no mask: the cache must end at the branch point
@@ -365,5 +375,5 @@ class HFMember(Member):
                 offset += len(branch)
                 keep.append(offset - 1)
             rows = self._forward(flat, keep, allowed=allowed, positions=positions)
-            self._state.cache = kv  # what this pass added is dropped
+            self.state.sequence.cache = kv  # what this pass added is dropped
             return rows

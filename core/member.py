@@ -7,11 +7,13 @@ re-tokenizes from the last safe cut before the change, keeps the longest common 
 and crops the cache there; logits are computed lazily, in one forward pass, only for the
 boundaries a method asks for.
 
-What is loaded once (weights, tokenizer, vocabulary tables) is shared; what a request changes
-lives in a `SequenceState` (ids, bytes, the cache). `spawn()` gives a request its own view of a
-member: the same model, a fresh state. Every operation is a transaction on that state: if it
-raises (a fault inside a forward pass, an out-of-memory, a Ctrl-C), the state is put back as it
-was before the call, so a failed operation never leaves ids and cache out of step.
+What is loaded once (weights, tokenizer, vocabulary tables) is shared; everything a request
+changes lives in its `RequestState` (`member.state`): the `SequenceState` (ids, bytes, the
+cache), the cancel event, the counters, and what each backend adds. `spawn()` gives a request
+its own view of a member: the same model, a freshly constructed state. Every operation is a
+transaction on the sequence state: if it raises (a fault inside a forward pass, an
+out-of-memory, a Ctrl-C), it is put back as it was before the call, so a failed operation never
+leaves ids and cache out of step.
 
 Methods talk to the `Member` interface only (render, sync, logprobs, draft, score), never to a
 model or a cache, so another backend can stand in: `core.hf_member.HFMember` (a model in this
@@ -26,7 +28,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -79,6 +81,21 @@ class SequenceState:
         )
 
 
+@dataclass
+class RequestState:
+    """Everything one request changes in one member, declared once: `spawn()` constructs a
+    fresh one for each request, so no field can carry over from another request. A backend
+    that keeps more per request subclasses it (fields with defaults) and names the subclass
+    in `Member.state_type`."""
+
+    sequence: SequenceState = field(default_factory=SequenceState)
+    cancel: threading.Event | None = None  # once set, the next forward pass raises
+    reuse: bool = True  # take and leave computed prompt prefixes (where the backend keeps any)
+    depth: int = 0  # nested operations: only the outermost one is a transaction
+    calls: int = 0  # forward passes (or server requests) made for the request
+    seconds: float = 0.0  # time spent in them
+
+
 class _Transaction:
     """`Member._transaction`: the state saved on entry, put back when the block raises."""
 
@@ -88,20 +105,20 @@ class _Transaction:
         self.member, self.operation = member, operation
 
     def __enter__(self) -> None:
-        member = self.member
-        self.outer = not member._depth
+        state = self.member.state
+        self.outer = not state.depth
         if self.outer:
-            self.saved = member._state.copy()
-            member._depth = 1
+            self.saved = state.sequence.copy()
+            state.depth = 1
 
     def __exit__(self, kind, error, traceback) -> bool:
         if not self.outer:
             return False
         member = self.member
-        member._depth = 0
+        member.state.depth = 0
         if kind is None:
             return False
-        member._state = self.saved
+        member.state.sequence = self.saved
         if isinstance(error, MemberError):
             error.member = error.member or member.name
             error.operation = error.operation or self.operation
@@ -124,23 +141,31 @@ class Member(ABC):
     context_window: int
     stop_strings: tuple[str, ...] = ()  # end the response as stop strings do (`Local.stop`)
     gives_logits = True  # `score(raw=True)` works (a server may give log-probs only)
+    state: RequestState  # everything the current request changes (fresh for each `spawn`)
+    state_type: ClassVar[type[RequestState]] = RequestState  # what a request's state holds
 
     def __init__(self) -> None:
-        self._state = SequenceState()
-        self._depth = 0  # nested operations: only the outermost one is a transaction
-        self._cancel: threading.Event | None = None
-        self.calls = 0
-        self.seconds = 0.0
+        self.state = self.state_type()
 
     def spawn(self, cancel: threading.Event | None = None, reuse: bool = True) -> Member:
-        """This member's view for one request: the same model, tokenizer and tables, its own
-        sequence state and counters. `cancel`, once set, stops the request at its next forward
-        pass (`RequestCancelled`); `reuse` lets it share computed prompt prefixes with other
+        """This member's view for one request. Every attribute of a member is loaded once
+        (model, tokenizer, tables, batcher, client) and the view shares it; its `state` is
+        constructed fresh. `cancel`, once set, stops the request at its next forward pass
+        (`RequestCancelled`); `reuse` lets it share computed prompt prefixes with other
         requests (where the backend keeps any)."""
-        twin = copy.copy(self)
-        twin._state, twin._depth, twin._cancel = SequenceState(), 0, cancel
-        twin.calls, twin.seconds = 0, 0.0
-        return twin
+        view = copy.copy(self)
+        view.state = self.state_type(cancel=cancel, reuse=reuse)
+        return view
+
+    @property
+    def calls(self) -> int:
+        """Forward passes (or server requests) made for the current request."""
+        return self.state.calls
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent in them."""
+        return self.state.seconds
 
     # --- transactions ------------------------------------------------------------------------
 
@@ -151,7 +176,8 @@ class Member(ABC):
         return _Transaction(self, operation)
 
     def _check_cancelled(self) -> None:
-        if self._cancel is not None and self._cancel.is_set():
+        cancel = self.state.cancel
+        if cancel is not None and cancel.is_set():
             raise RequestCancelled("the request was cancelled")
 
     # --- the sequence state (shared by every backend) ----------------------------------------
@@ -159,25 +185,28 @@ class Member(ABC):
     @property
     def ids(self) -> list[int]:
         """Response ids (prompt excluded)."""
-        return self._state.seq[self._state.prompt_len :]
+        sequence = self.state.sequence
+        return sequence.seq[sequence.prompt_len :]
 
     @property
     def n_tokens(self) -> int:
-        return len(self._state.seq) - self._state.prompt_len
+        sequence = self.state.sequence
+        return len(sequence.seq) - sequence.prompt_len
 
     @property
     def prompt_ids(self) -> list[int]:
-        return self._state.seq[: self._state.prompt_len]
+        sequence = self.state.sequence
+        return sequence.seq[: sequence.prompt_len]
 
     @property
     def text(self) -> str:
         """The response text so far (an unfinished multi-byte character is left out)."""
-        return self._state.data.decode("utf-8", errors="ignore")
+        return self.state.sequence.data.decode("utf-8", errors="ignore")
 
     @property
     def token_ends(self) -> list[int]:
         """Byte offsets (in the UTF-8 response) where each response token ends."""
-        return list(self._state.ends)
+        return list(self.state.sequence.ends)
 
     @property
     def runs_on(self) -> str:
@@ -189,7 +218,7 @@ class Member(ABC):
     @property
     def window_left(self) -> int:
         """How many more tokens fit in the context window."""
-        return self.context_window - len(self._state.seq)
+        return self.context_window - len(self.state.sequence.seq)
 
     def render(
         self,
@@ -227,9 +256,10 @@ class Member(ABC):
                 "a small window)."
             )
         with self._transaction("start"):
-            keep = common_prefix(self._state.seq, prompt)
-            old = self._state.cache
-            self._state = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
+            state = self.state
+            keep = common_prefix(state.sequence.seq, prompt)
+            old = state.sequence.cache
+            state.sequence = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
             self._rewind(keep)
             self._reuse(prompt)
         return len(prompt)
@@ -245,7 +275,7 @@ class Member(ABC):
     def forced(self) -> str:
         """Text the grammar forces after the current text ("" when there is a choice, or when
         unconstrained): the engine commits it without asking any model."""
-        grammar = self._state.grammar
+        grammar = self.state.sequence.grammar
         if grammar is None:
             return ""
         grammar.follow(self.ids)
@@ -254,7 +284,7 @@ class Member(ABC):
     def _constrained(self, rows: torch.Tensor, boundaries: Sequence[int]) -> torch.Tensor:
         """`rows[i]` (next-token log-probs after `boundaries[i]` tokens) masked to what the
         grammar allows there and renormalised; unchanged when unconstrained."""
-        grammar = self._state.grammar
+        grammar = self.state.sequence.grammar
         if grammar is None:
             return rows
         ids, masks = self.ids, []
@@ -269,15 +299,16 @@ class Member(ABC):
     def sync(self, text: str) -> None:
         """Make this member's ids spell exactly `text` (the committed response)."""
         data = text.encode("utf-8")
-        if data == self._state.data:
+        if data == self.state.sequence.data:
             return
         with self._transaction("sync"):
             ids, ends = self._retokenize(data)
-            seq = self._state.seq[: self._state.prompt_len] + ids
+            seq = self.prompt_ids + ids
             if len(seq) > self.context_window:
                 raise ContextOverflow(f"member {self.name!r} reached its context window")
-            self._rewind(common_prefix(self._state.seq, seq))
-            self._state.seq, self._state.data, self._state.ends = seq, data, ends
+            self._rewind(common_prefix(self.state.sequence.seq, seq))
+            state = self.state.sequence
+            state.seq, state.data, state.ends = seq, data, ends
 
     def sync_ids(self, ids: Sequence[int]) -> None:
         """Make this member's response exactly these ids, whether or not its tokenizer would
@@ -285,7 +316,7 @@ class Member(ABC):
         a model: SAFE's remap="as-aligned"). A later `sync` to the same text keeps them."""
         ids = list(ids)
         with self._transaction("sync"):
-            state = self._state
+            state = self.state.sequence
             keep = common_prefix(self.ids, ids)
             if state.prompt_len + len(ids) > self.context_window:
                 raise ContextOverflow(f"member {self.name!r} reached its context window")
@@ -299,7 +330,7 @@ class Member(ABC):
     def _retokenize(self, data: bytes, within: int | None = None) -> tuple[list[int], list[int]]:
         """Ids and byte ends for `data`, keeping every current token before the last safe cut
         (at most `within` bytes in: tokens past it are re-encoded canonically)."""
-        state, keep = self._state, 0
+        state, keep = self.state.sequence, 0
         starters = self.vocab.cut_starters
         if starters:
             changed = common_prefix(state.data, data)
@@ -327,7 +358,7 @@ class Member(ABC):
         return self.ids[:keep] + fresh, ends
 
     def _append(self, token: int) -> None:
-        state = self._state
+        state = self.state.sequence
         data = self.vocab.token_bytes[token]
         if not state.ends and self.vocab.dummy_prefix and data.startswith(b" "):
             data = data[1:]
@@ -376,7 +407,7 @@ class Member(ABC):
         grammar rejects, or after which it allows nothing this member would write, gets a row
         of -inf (nothing can follow it)."""
         rows = self._model_branch_logprobs(boundary, branches)
-        grammar = self._state.grammar
+        grammar = self.state.sequence.grammar
         if grammar is None:
             return rows
         base, masked = self.ids[:boundary], []
@@ -412,7 +443,8 @@ class Member(ABC):
         """`score`'s continuations in this member's canonical tokens, each cut after the ids
         they all share with the current sequence: (blocks, ends, start), where `start` is the
         sequence position of every block's first token."""
-        if base is not None and not self._state.data.startswith(base.encode()):
+        state = self.state.sequence
+        if base is not None and not state.data.startswith(base.encode()):
             raise ValueError(f"base is not a prefix of member {self.name!r}'s text")
         base = self.text if base is None else base
         data = base.encode("utf-8")
@@ -420,10 +452,10 @@ class Member(ABC):
         if len(ends) != len(continuations):
             raise ValueError(f"{len(ends)} ends for {len(continuations)} continuations")
         tokenized = [self._retokenize((base + c).encode(), len(data))[0] for c in continuations]
-        inside = bisect.bisect_right(self._state.ends, len(data))  # response tokens in `base`
+        inside = bisect.bisect_right(state.ends, len(data))  # response tokens in `base`
         shared = min([common_prefix(self.ids, t) for t in tokenized] + [inside])
         blocks = [t[shared:] for t in tokenized]
-        start = self._state.prompt_len + shared  # position of every block's first token
+        start = state.prompt_len + shared  # position of every block's first token
         if start + max(map(len, blocks), default=0) > self.context_window:
             raise ContextOverflow(f"a continuation does not fit member {self.name!r}'s window")
         return blocks, ends, start
@@ -435,7 +467,7 @@ class Member(ABC):
         if any(not b for b in branches):
             raise ValueError("every branch needs at least one id")
         longest = max(map(len, branches), default=0)
-        if self._state.prompt_len + boundary + longest > self.context_window:
+        if self.state.sequence.prompt_len + boundary + longest > self.context_window:
             raise ContextOverflow(f"a branch does not fit member {self.name!r}'s window")
         return branches
 

@@ -66,7 +66,7 @@ from .errors import (
 from .http import AnswerTooLarge, Client, tls_context
 from .kv import common_prefix
 from .loading import TOKENIZER_PROBE, load_tokenizer
-from .member import Draft, Member
+from .member import Draft, Member, RequestState
 from .sampling import Sampler
 from .vocab import Vocab, stop_logprob
 
@@ -228,16 +228,26 @@ class _RemoteDraft(Draft):
 
     @property
     def logprobs(self) -> torch.Tensor:  # type: ignore[override]
-        self._member._rows_read = True
+        self._member.state.rows_read = True
         if self._rows is None:
             self._rows = self._fetch()
         return self._rows
+
+
+@dataclass
+class RemoteRequestState(RequestState):
+    """A request's state in a remote member: the member's own plus whether the last draft's
+    rows were read (then the next draft asks for its rows in the same request)."""
+
+    rows_read: bool = False
 
 
 class RemoteMember(Member):
     """One model served over HTTP; see the module docstring for how each operation maps."""
 
     gives_logits = False
+    state: RemoteRequestState
+    state_type = RemoteRequestState
 
     def __init__(self, spec: Remote, name: str | None = None) -> None:
         super().__init__()
@@ -246,7 +256,6 @@ class RemoteMember(Member):
         self.root = spec.base_url.removesuffix("/v1")  # vLLM's /tokenize lives at the root
         self.name = name or spec.name or spec.base_url
         self.model = None  # no weights here: the server holds them
-        self._rows_read = False  # the last draft's rows were read: send them with the next
         self._secrets = [spec.api_key, spec.basic_auth]  # scrubbed from quoted answers
         key, auth = spec.api_key, spec.basic_auth
         headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
@@ -427,8 +436,8 @@ class RemoteMember(Member):
                     raise self._invalid(url, str(error)) from None
             raise AssertionError("unreachable")
         finally:
-            self.calls += 1
-            self.seconds += time.perf_counter() - start
+            self.state.calls += 1
+            self.state.seconds += time.perf_counter() - start
 
     def _invalid(self, url: str, what: str) -> ServerError:
         return ServerError(
@@ -526,30 +535,25 @@ class RemoteMember(Member):
     def runs_on(self) -> str:
         return f"remote:{id(self)}"  # a server: overlaps with everything else
 
-    def spawn(self, cancel=None, reuse: bool = True) -> RemoteMember:
-        twin = super().spawn(cancel, reuse)
-        twin._rows_read = False
-        return twin
-
     @property
     def _rows(self) -> dict[int, torch.Tensor]:
         """Prefix length -> next-token log-probs: the last rows asked for (never mutated: a new
         dict replaces it, so a failed operation's state can be put back)."""
-        return self._state.cache or {}
+        return self.state.sequence.cache or {}
 
     def _rewind(self, keep: int) -> None:
-        self._state.cache = {n: row for n, row in self._rows.items() if n <= keep}
+        self.state.sequence.cache = {n: row for n, row in self._rows.items() if n <= keep}
 
     def _model_logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         self._check_boundaries(boundaries)
         with self._transaction("next-token distributions"):
-            ends = [self._state.prompt_len + b for b in boundaries]
+            ends = [self.state.sequence.prompt_len + b for b in boundaries]
             missing = sorted({n for n in ends if n not in self._rows})
             if missing:
                 self._check_cancelled()
-                rows = self._next_rows([self._state.seq[:n] for n in missing])
+                rows = self._next_rows([self.state.sequence.seq[:n] for n in missing])
                 kept = {n: self._rows[n] for n in ends if n in self._rows}
-                self._state.cache = {**kept, **dict(zip(missing, rows, strict=True))}
+                self.state.sequence.cache = {**kept, **dict(zip(missing, rows, strict=True))}
             return torch.stack([self._rows[n] for n in ends])
 
     def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
@@ -561,14 +565,14 @@ class RemoteMember(Member):
         if n <= 0:
             return Draft([], torch.empty(0, self.vocab.size), False)
         self._check_cancelled()
-        prefix = list(self._state.seq)
+        prefix = list(self.state.sequence.seq)
         if sampler.greedy:
             sampling: dict[str, Any] = {"temperature": 0.0}
         else:  # the server samples, seeded from the request's generator: reproducible
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=sampler.generator))
             sampling = {"temperature": sampler.temperature, "top_p": sampler.top_p, "seed": seed}
         body = {"prompt": prefix, "max_tokens": n, "stop_token_ids": self._stops}
-        with_rows, size = self._rows_read, self.vocab.size
+        with_rows, size = self.state.rows_read, self.vocab.size
         if with_rows:
             body.update(logprobs=self.top_k, return_tokens_as_token_ids=True)
 
@@ -590,10 +594,10 @@ class RemoteMember(Member):
                 "ids (vLLM's return_token_ids, vLLM >= 0.10.2); upgrade the server.",
                 member=self.name,
             )
-        if self._state.grammar is not None:  # the server drafts unconstrained: keep what fits
+        if self.state.sequence.grammar is not None:  # the server drafted unconstrained
             ids = ids[: self._valid_part(ids)]
             if not ids:  # not even its first token: one constrained step from its log-probs
-                self._rows_read = False
+                self.state.rows_read = False
                 return Member.draft(self, 1, sampler)
             entries = entries[: len(ids)] if entries else None
         stopped = bool(ids) and ids[-1] in self.stop_ids
@@ -605,7 +609,7 @@ class RemoteMember(Member):
         rows = None if count else torch.empty(0, self.vocab.size)
         if entries and count:
             rows = self._masked(torch.stack([self._row(e) for e in entries]), len(prefix))
-        self._rows_read = False
+        self.state.rows_read = False
 
         def fetch() -> torch.Tensor:
             return self._masked(
@@ -617,14 +621,14 @@ class RemoteMember(Member):
     def _valid_part(self, ids: list[int]) -> int:
         """How many of the drafted ids (a final stop included) the request's grammar accepts
         after the current text: the draft is cut at the first invalid token."""
-        grammar = self._state.grammar
+        grammar = self.state.sequence.grammar
         grammar.follow(self.ids)
         return grammar.valid_prefix(ids)
 
     def _masked(self, rows: torch.Tensor, start: int) -> torch.Tensor:
         """Drafted rows as the constrained distributions they stand for (row j: after the
         first `start - prompt + j` response ids)."""
-        base = start - self._state.prompt_len
+        base = start - self.state.sequence.prompt_len
         return self._constrained(rows, [base + j for j in range(rows.shape[0])])
 
     def score(
@@ -651,7 +655,7 @@ class RemoteMember(Member):
             return []
         self._check_cancelled()
         body: dict[str, Any] = {
-            "prompt": [self._state.seq[:start] + block for block in blocks],
+            "prompt": [self.state.sequence.seq[:start] + block for block in blocks],
             "max_tokens": 1,
             "prompt_logprobs": 0,
         }
@@ -684,7 +688,8 @@ class RemoteMember(Member):
         with self._transaction("branch scoring"):
             branches = self._check_branches(boundary, branches)
             self._check_cancelled()
-            prefix = self._state.seq[: self._state.prompt_len + boundary]
+            sequence = self.state.sequence
+            prefix = sequence.seq[: sequence.prompt_len + boundary]
             return self._next_rows([prefix + branch for branch in branches])
 
 

@@ -40,12 +40,12 @@ class Scripted(HFMember):
         return torch.log(probs.clamp_min(1e-13)).float()
 
     def _model_logprobs(self, boundaries):
-        self.calls += 1
+        self.state.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 
     def score(self, continuations, *, base=None, ends=None, raw=False):
         """Each continuation's token log-probs from the scripts (SpecEM's verification)."""
-        self.calls += 1
+        self.state.calls += 1
         base = self.text if base is None else base
         prefix, scores = self.canonical_ids(base), []
         for k, text in enumerate(continuations):
