@@ -109,11 +109,13 @@ def test_heal_lets_a_finer_verifier_weigh_in_on_a_coarser_token(tiny_members, he
     """bpe drafts " 13" as ONE token; spm's next token there is a bare "▁" it is sure of, so
     the paper's rule skips (consensus on the space) and spm's digits never count. With heal, spm
     is scored on the drafted text " 13" itself (its "▁" "1" "3" spelling, rows from the same
-    pass), disagrees, and the ensemble picks its " 12"."""
+    pass), disagrees, and the ensemble picks its " 12" (decided token by token, as the paper
+    decides; `decide="word"` is tested on its own)."""
     wrong, right = "The answer is 13.", "The answer is 12."
     drafter = Scripted(tiny_members[0], [(wrong, 0.6), (right, 0.4)], "bpe-draft")
     verifier = Scripted(tiny_members[1], [right], "spm-verify")
-    out = Ensemble([drafter, verifier], "safe", heal=heal).generate(PROMPT, max_new_tokens=32)
+    ens = Ensemble([drafter, verifier], "safe", heal=heal, decide="token")
+    out = ens.generate(PROMPT, max_new_tokens=32)
     points = [(e.drafted, e.chosen) for e in out.events if isinstance(e, EnsemblePoint)]
     if heal:
         assert out.text == right and points == [(" 13", " 12")]
@@ -248,6 +250,7 @@ def test_heuristic_sharpening_gathers_a_split_word():
     "options",
     [
         dict(),
+        dict(decide="token"),
         dict(aggregator="gac"),
         dict(sharpen="geometric", heal=True),
         dict(aggregator="gac", sharpen=None, heal=True, lookahead=3),
@@ -258,6 +261,7 @@ def test_heuristic_sharpening_gathers_a_split_word():
     ],
     ids=[
         "unite",
+        "unite-token",
         "gac",
         "geo-heal",
         "gac-heal",
@@ -303,6 +307,7 @@ def test_sampling_is_reproducible_with_a_seed(tiny_members):
         (dict(top_k=2.5), "top_k="),
         (dict(threshold=1.5), "threshold="),
         (dict(heal="yes"), "heal="),
+        (dict(decide="phrase"), "decide="),
         (dict(preset="arxiv"), "preset="),
         (dict(stop_check="eos"), "stop_check="),
         (dict(remap="first"), "remap="),

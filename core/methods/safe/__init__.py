@@ -111,6 +111,7 @@ from .drafting import (
 from .ensembling import Ensembler
 from .heal import HEALED, HealCycle, NoHeal
 from .scoring import STOP_CHECKS, Readings, drafter_own
+from .words import DECISIONS, WordDecision, starts_word
 
 # Every output token (drafter tokenization) is exactly one of these, so they add up to
 # `stats.tokens`: E (ensemble points) + skips + tokens an ensembled string added beyond its first.
@@ -124,8 +125,8 @@ RULES = {"stop_check": "mass", "remap": "likeliest", "subtoken": "first"}
 # (the configuration that measured best: README, "The default"), then each preset: the paper's
 # loop as it states it (its main results' heuristic sharpening, fixed 5-token drafts, no text
 # reading), and the authors' released code (the same, with their rules).
-DEFAULTS = {**RULES, "sharpen": "geometric", "heal": True, "max_lookahead": 20}
-PUBLISHED = {"sharpen": "heuristic", "heal": False, "max_lookahead": None}
+DEFAULTS = {**RULES, "sharpen": "geometric", "heal": True, "max_lookahead": 20, "decide": "word"}
+PUBLISHED = {"sharpen": "heuristic", "heal": False, "max_lookahead": None, "decide": "token"}
 PRESETS = {
     "paper": PUBLISHED,
     "authors": {"stop_check": "text", "remap": "as-aligned", "subtoken": "nonblank", **PUBLISHED},
@@ -197,6 +198,7 @@ class Safe(Method):
         threshold: float = 0.1,
         heal: bool | str = DEFAULT,
         max_lookahead: int | None = DEFAULT,
+        decide: str = DEFAULT,
         preset: str | None = None,
         stop_check: str | None = None,
         remap: str | None = None,
@@ -213,8 +215,11 @@ class Safe(Method):
             sharpen=sharpen,
             heal=heal,
             max_lookahead=max_lookahead,
+            decide=decide,
         )
         sharpen, heal, max_lookahead = rules["sharpen"], rules["heal"], rules["max_lookahead"]
+        self.decide = rules["decide"]
+        self.words = WordDecision() if self.decide == "word" else None
         # None: the member the ensemble trusts most drafts (the first while all are trusted alike)
         self.drafter = 0 if drafter is None else pick_member(self.members, drafter, "drafter")
         self.drafter_given = drafter is not None
@@ -257,6 +262,7 @@ class Safe(Method):
             "aggregator": self.aggregator,
             "sharpen": self.ensembler.sharpening,
             "heal": "oov" if self.heal and not self.heal_spans else self.heal,
+            "decide": self.decide,
             "preset": self.preset,
             **{k: getattr(self, k) for k in RULES},
         }
@@ -291,18 +297,53 @@ class Safe(Method):
         they are, where `remap` gives them."""
         readings = self._readings(request, draft)
         tokens = 0
+        held: list[Event] = []  # the current word's skips (decide="word" may withdraw them)
         for j, pos in enumerate(draft.positions):
             at = draft.start + tokens
+            if self.words is None or starts_word(pos):
+                self._report(request, held)
             skip = self._why_skip(request, readings, j, pos, at)
             if skip is None:
+                word = self._decide_word(request, draft, j, held) if self.words else None
+                if word is not None:  # the word decided: its skips are withdrawn
+                    return word
+                self._report(request, held)
                 decided = self._ensemble(request, draft, readings, remap, j, tokens)
                 if decided is not None:
                     return decided
             else:
-                request.emit(skip)
-                request.stats.count(skip.name)
+                held.append(skip)
             tokens += 1
+        self._report(request, held)
         return Commit(draft.tail, tokens, "stop" if draft.stopped else None), None
+
+    @staticmethod
+    def _report(request: Request, skips: list[Event]) -> None:
+        """Emit and count the skips held so far."""
+        for skip in skips:
+            request.emit(skip)
+            request.stats.count(skip.name)
+        skips.clear()
+
+    def _decide_word(
+        self, request: Request, draft: Draft, j: int, held: list[Event]
+    ) -> tuple[Commit, None] | None:
+        """decide="word": the ensemble point at position j decides its whole word; the skips
+        held inside that word are withdrawn (its decision covers those tokens). None: not
+        decided as a word (`WordDecision.decide`)."""
+        decided = self.words.decide(request, self.members, self.drafter, draft, j)
+        if decided is None:
+            return None
+        self._report(request, held[: len(held) - (j - decided.start)])
+        held.clear()
+        if decided.full:  # no member can add text: every window is full
+            return Commit(draft.head(draft.positions[decided.start]), decided.start, "length"), None
+        request.stats.ensembled_tokens += 1
+        if decided.tokens > 1:
+            request.stats.count(EXTRA_TOKENS, decided.tokens - 1)
+        head = draft.head(draft.positions[decided.start])
+        finish = "stop" if decided.ended else None
+        return Commit(head + decided.text, decided.start + decided.tokens, finish), None
 
     def _ensemble(
         self,
@@ -452,6 +493,7 @@ def _rules(preset: str | None, lookahead: int, **given) -> dict:
     check_choice("subtoken", rules["subtoken"], SUBTOKEN_RULES)
     check_choice("sharpen", rules["sharpen"], (*SHARPENINGS, None))
     check_choice("heal", rules["heal"], (False, True, "oov"))
+    check_choice("decide", rules["decide"], DECISIONS)
     grow = rules["max_lookahead"]
     if grow is not None:  # None: every draft `lookahead` tokens, as in the paper
         check_int("max_lookahead", grow, low=lookahead, example=max(20, lookahead))
