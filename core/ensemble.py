@@ -30,6 +30,8 @@ from typing import Any
 
 from .admission import Admission, Slot, default_concurrency
 from .batching import RequestThreads
+from .calibration import MAX_NEW_TOKENS as CALIBRATION_TOKENS
+from .calibration import check_prompts, peer_rates, rate_weights
 from .chat import normalize_messages, raw_prompt_text
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
@@ -239,6 +241,24 @@ class Ensemble:
         `freeze=False` keeps `learn_weights` as it is: a learning ensemble learns on from
         the loaded weights."""
         self.trust.load(path, freeze=freeze)
+
+    def calibrate(
+        self, prompts: Sequence[Any] | None = None, *, max_new_tokens: int = CALIBRATION_TOKENS
+    ) -> dict[str, float]:
+        """Member trust without labels, measured once and then frozen (`core.calibration`):
+        each member answers `prompts` alone (strings or message lists; None: the built-in
+        set), every member scores every answer, and a member's weight is proportional to how
+        often the OTHER members prefer its answer. A member no other member ever prefers falls
+        under `weight_floor` and is no longer run. Learning stops (`learn_weights=False`), so
+        each request's text still depends on that request alone; `save_weights` keeps the
+        result. Returns the weights."""
+        prompts = check_prompts(prompts)
+        if len(self.members) < 2:
+            raise InvalidConfigError(
+                "calibrate() weighs members against each other; this ensemble has one member."
+            )
+        self.trust.fix(rate_weights(peer_rates(self.members, prompts, max_new_tokens)))
+        return self.member_weights
 
     def summary(self) -> dict:
         """The method, its settings and the member trust, as the next request would see them

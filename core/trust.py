@@ -270,6 +270,21 @@ class MemberTrust:
             if freeze:
                 self.learn = False
 
+    def fix(self, weights: Mapping[str, float]) -> None:
+        """Set the weights (one finite weight above 0 per member, normalised) and freeze them:
+        what `Ensemble.calibrate` measured stays until the next calibration or load."""
+        if sorted(weights) != sorted(self.names):
+            raise InvalidConfigError(
+                f"weights name {sorted(weights)}; give one per member: {self.names}."
+            )
+        values = torch.tensor([float(weights[n]) for n in self.names], dtype=torch.float64)
+        if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
+            raise InvalidConfigError(f"every weight must be finite and above 0, got {weights}.")
+        with self._lock:
+            self._weights = values / values.sum()
+            self.updates = 0
+            self.learn = False
+
     # --- helpers ---------------------------------------------------------------------------
 
     def _named(self, weights: torch.Tensor) -> dict[str, float]:
