@@ -134,6 +134,7 @@ def _bench_headroom(args: argparse.Namespace) -> None:
         seed=args.seed,
         warmup=args.warmup,
         warmup_seed=args.warmup_seed,
+        calibrate=args.calibrate,
         methods=methods,
         which=[s for s in args.sets.split(",") if s],
         configs=args.config,
@@ -323,7 +324,18 @@ def add_commands(sub) -> None:
         "the either-right ceiling, the share of the gap closed, time per token, weights",
     )
     p.add_argument(
-        "--warmup", type=int, default=20, help="--headroom: warm-up problems per ensemble"
+        "--warmup",
+        type=int,
+        default=0,
+        help="--headroom: warm-up problems per ensemble, learning its member weights (then "
+        "frozen); 0: every ensemble as Ensemble(members, method) gives it",
+    )
+    p.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        help="--headroom: also SAFE, SpecEM and rerank on the three and the three with the "
+        "weak member after Ensemble.calibrate on this many training problems of --warmup-seed",
     )
     p.add_argument("--warmup-seed", type=int, default=2, help="--headroom: their seed")
     p.add_argument(

@@ -9,14 +9,18 @@ member to that ceiling the configuration closes; time per output token × its dr
 fastest single member, measured side by side (configurations interleaved problem by problem, in
 a rotating order); E/T; and the members' weights after warm-up.
 
-Warm-up: before anything is measured, every ensemble answers `warmup` problems of another seed
-(disjoint from the measured ones) with learning on (`learn_weights=True`), so it learns the
-member weights from its own decisions; then learning is frozen, so each measured answer depends
-on its problem alone.
+Every ensemble runs as `Ensemble(members, method)` gives it: members equally weighted, nothing
+learned. Optionally (`warmup`), before anything is measured, every ensemble answers `warmup`
+problems of another seed (disjoint from the measured ones) with learning on
+(`learn_weights=True`), then learning is frozen; and (`calibrate`) SAFE, SpecEM and rerank on
+the three members and on the three with the weak one get rows of their own after
+`Ensemble.calibrate` on `calibrate` training problems of that other seed (label-free trust,
+frozen). Either way each measured answer depends on its problem alone.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from itertools import combinations
@@ -43,6 +47,8 @@ BEST: dict[str, dict[str, Any]] = {
 # What the papers publish, one preset away: measured on the three members next to the defaults.
 PUBLISHED: dict[str, dict[str, Any]] = {"safe": {"preset": "paper"}, "specem": {"preset": "paper"}}
 SETS = ("pairs", "three", "weak")  # which member sets to run (--sets)
+CALIBRATED = " (calibrated)"  # rows measured after Ensemble.calibrate (--calibrate)
+CALIBRATED_METHODS = ("safe", "specem", "rerank")
 
 
 def short(name: str) -> str:
@@ -69,9 +75,11 @@ def headroom_setups(
     methods: Sequence[str] = METHODS,
     which: Sequence[str] = SETS,
     configs: Sequence[str] = (),
+    calibrated: bool = False,
 ) -> list[Setup]:
     """Every member alone, then per member set every method at its default and best options
-    (one row where they are the same; on the three members also as its paper publishes it),
+    (one row where they are the same; on the three members also as its paper publishes it;
+    with `calibrated`, on the three and on the three with the weak member also calibrated),
     then `--config` setups (label=method:members=0+1,...)."""
     setups = [Setup(f"single {names[i]}", "single", {}, [i]) for i in range(len(names))]
     for label, chosen in member_sets(names, which).items():
@@ -81,6 +89,8 @@ def headroom_setups(
             for options in filter(None, variants):
                 shown = ", ".join(f"{k}={v}" for k, v in options.items())
                 setups.append(Setup(f"{label}: {method} ({shown})", method, options, chosen))
+            if calibrated and len(chosen) >= 3 and method in CALIBRATED_METHODS:
+                setups.append(Setup(f"{label}: {method}{CALIBRATED}", method, {}, chosen))
     return setups + parse_setups((), (), len(names), configs, names)
 
 
@@ -88,8 +98,9 @@ def run(
     *,
     n: int = 200,
     seed: int = 1,
-    warmup: int = 20,
+    warmup: int = 0,
     warmup_seed: int = 2,
+    calibrate: int = 0,
     methods: Sequence[str] = METHODS,
     which: Sequence[str] = SETS,
     configs: Sequence[str] = (),
@@ -108,19 +119,26 @@ def run(
         torch.set_num_threads(threads)
     members = load_members([str(p) for p in model_paths(weak=True)], device)
     names = [m.name for m in members]
-    setups = headroom_setups(names, methods, which, configs)
+    setups = headroom_setups(names, methods, which, configs, calibrated=calibrate > 0)
     ensembles = {s.label: ensemble_for(members, s) for s in setups}
     config = GenerationConfig(max_new_tokens=max_new_tokens)
-    weights, drafters = {}, {}
+    prompts = _calibration_prompts(calibrate, warmup_seed)
+    weights, drafters, calibration = {}, {}, {}
     bar = _bar(progress, len(setups) * (warmup + 1), "warm-up")
     for setup in setups:
         ensemble = ensembles[setup.label]
-        ensemble.learn_weights = True  # the warm-up learns the member weights...
-        for messages, _ in warm_task.items if warm_task else ():
-            ensemble.generate(messages, config)
-            _tick(bar)
-        ensemble.learn_weights = False  # ...then they stay: each answer depends on its problem
-        weights[setup.label] = ensemble.member_weights if len(ensemble.members) > 1 else None
+        if setup.label.endswith(CALIBRATED):  # label-free trust, measured once and frozen
+            started = time.perf_counter()
+            ensemble.calibrate(prompts)
+            calibration[setup.label] = time.perf_counter() - started
+        elif warm_task and len(ensemble.members) > 1:
+            ensemble.learn_weights = True  # the warm-up learns the member weights...
+            for messages, _ in warm_task.items:
+                ensemble.generate(messages, config)
+                _tick(bar)
+            ensemble.learn_weights = False  # ...then they stay: each answer its problem's
+        moved = len(set(ensemble.member_weights.values())) > 1
+        weights[setup.label] = ensemble.member_weights if moved else None
         # one untimed request (lazy inits, allocator); the drafter is the first member started
         first = ensemble.generate(task.items[0][0], GenerationConfig(max_new_tokens=8))
         drafters[setup.label] = names.index(next(iter(first.stats.prompt_tokens)))
@@ -137,18 +155,29 @@ def run(
     _close(bar)
     rows = summarise(setups, records, len(members))
     _headroom_columns(rows, setups, records, names, weights, drafters)
+    for row in rows:
+        row["calibration_seconds"] = calibration.get(row["label"])
     result = {
         "command": command,
         "task": task.name,
         "problems": len(task.items),
         "seed": seed,
         "warmup": {"problems": warmup, "seed": warmup_seed},
+        "calibration": {"problems": calibrate, "seed": warmup_seed, "split": "train"},
         "max_new_tokens": max_new_tokens,
         "members": names,
         "rows": rows,
         "per_problem": {label: [asdict(r) for r in rs] for label, rs in records.items()},
     }
-    return write_results(out, result, markdown(rows, names, warmup, warmup_seed))
+    return write_results(out, result, markdown(rows, names, warmup, warmup_seed, calibrate))
+
+
+def _calibration_prompts(n: int, seed: int) -> list:
+    """`Ensemble.calibrate`'s prompts: n chain-of-thought training problems of `seed` (no
+    measured problem, no label used)."""
+    from core.testbed import make_problems
+
+    return [p.messages for p in make_problems(n, seed=seed, split="train")] if n else []
 
 
 def _headroom_columns(rows, setups, records, names, weights, drafters) -> None:
@@ -172,13 +201,19 @@ def _headroom_columns(rows, setups, records, names, weights, drafters) -> None:
         row["drafter"] = names[drafter]
         mine, its = row["ms_per_token"], alone.get(drafter, {}).get("ms_per_token")
         row["ratio_to_drafter"] = mine / its if mine and its else None
-        row["weights_after_warmup"] = weights[setup.label]
+        row["weights"] = weights[setup.label]
 
 
-def markdown(rows: list[dict], names: Sequence[str], warmup: int, warmup_seed: int) -> str:
+def markdown(
+    rows: list[dict], names: Sequence[str], warmup: int, warmup_seed: int, calibrate: int = 0
+) -> str:
+    learned = [f"{warmup} warm-up problems"] * bool(warmup) + [f"calibrated on {calibrate}"] * bool(
+        calibrate
+    )
+    weights = f"weights ({', '.join(learned)}; seed {warmup_seed})" if learned else "weights"
     head = [
         "configuration", "accuracy", "ceiling", "gap closed", "× drafter",
-        "× fastest single", "E/T", f"weights after {warmup} warm-up problems (seed {warmup_seed})",
+        "× fastest single", "E/T", weights,
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -189,8 +224,11 @@ def markdown(rows: list[dict], names: Sequence[str], warmup: int, warmup_seed: i
         return "–" if value is None else f"{value:.2f}"
 
     for r in rows:
-        weights = r["weights_after_warmup"]
-        shown = ", ".join(f"{short(k)} {v:.2f}" for k, v in weights.items()) if weights else "–"
+        weights = r["weights"]
+        shown = ", ".join(f"{short(k)} {v:.2f}" for k, v in weights.items()) if weights else "equal"
+        shown = "–" if r["method"] == "single" else shown
+        if r.get("calibration_seconds") is not None:
+            shown += f" ({r['calibration_seconds']:.0f} s to calibrate)"
         gap = "–" if r["method"] == "single" else pct(r["gap_closed"])
         cells = [
             r["label"], pct(r["accuracy"]), "–" if r["method"] == "single" else pct(r["ceiling"]),

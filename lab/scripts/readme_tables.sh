@@ -3,19 +3,23 @@
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]
+#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|serve|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-CLI=${CLI:-.venv/bin/python -m lab}
+PY=${PY:-.venv/bin/python}
+CLI=${CLI:-$PY -m lab}
 BENCH=${BENCH:-$CLI bench}
 OUT=${OUT:-lab/results}
 MODELS=core/testbed/models
 
 headroom() {  # the default against the ceiling: every member alone, every method at its default
-  # and best options on every pair, the three, and the three with the weak member
-  $BENCH --headroom --n 200 --seed 1 --warmup 20 --warmup-seed 2 --threads 1 \
+  # and best options on every pair, the three, and the three with the weak member, each as
+  # Ensemble(members, method) gives it; SAFE, SpecEM and rerank also calibrated (label-free
+  # trust on 12 training problems of seed 2)
+  $BENCH --headroom --n 200 --seed 1 --calibrate 12 --warmup-seed 2 --threads 1 \
     --max-new-tokens 128 --out "$OUT/headroom" \
+    --config "bpe + spm + word: safe (decide=token)=safe:members=0+1+2,decide=token" \
     --config "bpe + spm + word: safe (GaC)=safe:members=0+1+2,aggregator=gac"
 }
 
@@ -24,10 +28,16 @@ tuning() {  # how the defaults and each method's best options were chosen: held-
   $BENCH --n 200 --seed 2 --threads 1 --max-new-tokens 128 --out "$OUT/tuning" --methods single \
     --config "safe (paper preset)=safe:preset=paper" \
     --config "safe heal geometric=safe:preset=paper,heal=true,sharpen=geometric" \
-    --config "safe, the default (heal, geometric, drafts grow to 20)=safe" \
+    --config "safe, the default (heal, geometric, drafts grow to 20, words)=safe" \
+    --config "safe, token decisions=safe:decide=token" \
     --config "token=token" --config "token, first sub-token=token:subtoken=first" \
     --config "specem=specem" --config "specem no feedback=specem:feedback=false" \
     --config "rerank=rerank"
+  # SAFE's word decisions (decide="word") against its token decisions on tool use and
+  # retrieval, seed 2 too
+  $BENCH --form tool --n 100 --seed 2 --threads 1 --max-new-tokens 160 --methods single,safe \
+    --config "safe, token decisions=safe:decide=token" --out "$OUT/tuning-tool"
+  $PY examples/llamaindex_rag.py --eval 200 --seed 2 --threads 1 --out "$OUT/tuning-rag"
 }
 
 main() {  # the default, then every method on the three shipped models; every label names its
@@ -163,6 +173,11 @@ grammar() {  # time per output token with a grammar that allows any text, agains
     --methods single,token,specem --config "safe=safe:preset=paper" --out "$OUT/grammar"
 }
 
+rag() {  # retrieval through LlamaIndex's query engine: every member alone and every method at its
+  # defaults on 400 problems (rows 5 points apart differ by more than their noise)
+  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --out "$OUT/rag"
+}
+
 tool() {  # tool use: each single model and method, with the grammar and with the prompt only
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 \
     --methods single,token,safe,specem,rerank \
@@ -187,8 +202,9 @@ case "${1:-all}" in
   soak) soak ;;
   grammar) grammar ;;
   tool) tool ;;
+  rag) rag ;;
   serve) serve ;;
-  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; serve ;;
-  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|serve|all]" >&2
+  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; rag; serve ;;
+  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|serve|all]" >&2
      exit 2 ;;
 esac
