@@ -19,7 +19,7 @@ headroom() {  # the default against the ceiling: every member alone, every metho
   # trust on 12 training problems of seed 2)
   $BENCH --headroom --n 200 --seed 1 --calibrate 12 --warmup-seed 2 --threads 1 \
     --max-new-tokens 128 --out "$OUT/headroom" \
-    --config "bpe + spm + word: safe (decide=token)=safe:members=0+1+2,decide=token" \
+    --config "bpe + spm + word: safe (token decisions)=safe:members=0+1+2,decide=token" \
     --config "bpe + spm + word: safe (GaC)=safe:members=0+1+2,aggregator=gac"
 }
 
