@@ -43,7 +43,8 @@ tuning() {  # how the defaults and each method's best options were chosen: held-
 main() {  # the default, then every method on the three shipped models; every label names its
   # options (members equally weighted: no trust learned)
   $BENCH --n 200 --threads 1 --max-new-tokens 128 --out "$OUT/main" --methods single \
-    --config "safe, the default (heal, geometric, drafts grow to 20)=safe" \
+    --config "safe, the default (heal, geometric, drafts grow to 20, words)=safe" \
+    --config "safe, token decisions=safe:decide=token" \
     --config "token unite (published: non-blank sub-token)=token:aggregator=unite" \
     --config "token unite, first sub-token=token:aggregator=unite,subtoken=first" \
     --config "token gac (published: gated at 0.5)=token:aggregator=gac" \
