@@ -3,7 +3,7 @@
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|serve|all]
+#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -185,6 +185,18 @@ tool() {  # tool use: each single model and method, with the grammar and with th
     --config "safe (paper preset)=safe:preset=paper" --out "$OUT/tool"
 }
 
+speed() {  # time per output token against the drafter alone, side by side in one run, and where
+  # a SAFE token goes; the shipped three, then the real pair (the `real` extra)
+  $PY -m lab.bench.speed --n 60 --seed 7 --rounds 3 --out "$OUT/speed-shipped" \
+    --config "drafter alone=single:member=0" --config "safe (default)=safe" \
+    --config "safe (token decisions)=safe:decide=token" \
+    --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem"
+  $PY -m lab.bench.speed --real --prompts questions --n 30 --max-new-tokens 24 --rounds 2 \
+    --config "drafter alone=single:member=0" --config "safe (default)=safe" \
+    --config "safe (token decisions)=safe:decide=token" \
+    --config "safe (paper preset)=safe:preset=paper" --out "$OUT/speed-real-pair"
+}
+
 serve() {  # every method served over HTTP against the same requests in process; then the soak
   # over HTTP (malformed, abandoned and faulted requests; every answer checked)
   $BENCH --serve 1,8,32 --n 32 --threads 1 --max-new-tokens 32 --out "$OUT/serve/load"
@@ -204,8 +216,9 @@ case "${1:-all}" in
   grammar) grammar ;;
   tool) tool ;;
   rag) rag ;;
+  speed) speed ;;
   serve) serve ;;
-  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; rag; serve ;;
-  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|serve|all]" >&2
+  all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; rag; speed; serve ;;
+  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|all]" >&2
      exit 2 ;;
 esac
