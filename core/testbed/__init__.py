@@ -27,6 +27,12 @@ tuning, each with one checkable answer::
     problems = make_real_problems(400, seed=1, form="qa")    # "qa" | "rag" | "tool"
     check_real_answer(text, problems[0])                     # free text, read as a grader would
 
+``testbed(real=False | True)`` gives either testbed behind one shape (members, problems of a
+form, the answer and tool-call checkers), for code that runs on both::
+
+    bed = testbed(real=True)
+    bed.members(); bed.problems(20, seed=1, form="tool"); bed.right(text, problem, cut=False)
+
 The models were trained on ReAct traces in exactly the messages this LlamaIndex agent sends
 (checked against the real classes in tests/test_testbed_forms.py)::
 
@@ -77,6 +83,7 @@ from .task import (
     tool_followup,
     tool_steps,
 )
+from .testbeds import Testbed, testbed
 from .tool_set import TOOL_FUNCTIONS, TOOL_SPECS, calculator, call_tool
 
 # The best model first (methods use the first member as the drafter by default), then one per
@@ -107,6 +114,7 @@ __all__ = [
     "TOOL_FUNCTIONS",
     "TOOL_KINDS",
     "TOOL_SPECS",
+    "Testbed",
     "WEAK_MODEL",
     "Problem",
     "RealProblem",
@@ -126,6 +134,7 @@ __all__ = [
     "react_system_message",
     "score",
     "score_real",
+    "testbed",
     "tool_followup",
     "tool_steps",
 ]
