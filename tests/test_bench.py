@@ -85,7 +85,7 @@ def test_jsonl_task_with_simple_checker(tiny_dirs, tmp_path):
 def test_bad_bench_arguments_are_clear_errors(tmp_path, capsys):
     missing = str(tmp_path / "missing.jsonl")
     assert main(["bench", "--methods", "single", "--task", missing, "--shape", "tiny"]) == 2
-    assert "neither 'arithmetic' nor a JSONL file" in capsys.readouterr().err
+    assert "neither 'arithmetic', 'real' nor a JSONL file" in capsys.readouterr().err
     assert main(["bench", "--methods", "nope", "--shape", "tiny", "--n", "1"]) == 2
     assert "unknown method 'nope'" in capsys.readouterr().err
 

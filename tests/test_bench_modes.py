@@ -138,7 +138,7 @@ def _stand_in(n: int) -> bench_tools.ToolTask:
         add,
         followup,
         lambda name, arguments, problem: (name, arguments) == problem.expected_call,
-        check_answer,
+        lambda text, problem, cut: check_answer(text, problem),
     )
 
 
@@ -204,7 +204,7 @@ def test_bad_arguments_of_the_new_modes_are_clear_errors(tmp_path, capsys):
         (["--concurrency", "1,2", "--grammar-cost"], "pick one"),
         (["--prompt-tokens", "700"], "--concurrency run"),
         (["--concurrency", "1,2", "--prompt-tokens", "700"], "--form rag"),
-        (["--form", "tool", "--task", str(tmp_path / "t.jsonl")], "drop --task"),
+        (["--form", "tool", "--task", str(tmp_path / "t.jsonl")], "no tools to offer"),
     ]:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err

@@ -26,10 +26,10 @@ from core.member import Member
 from .report import pyplot, save_figure, write_results
 from .setups import (
     Setup,
+    default_models,
     ensemble_for,
     load_members,
     load_task,
-    shipped_model_paths,
     weight_bytes,
 )
 
@@ -45,6 +45,7 @@ class Record:
     memory_mb: float
     counts: dict[str, int]
     text: str  # the answer itself: two runs of one configuration compare problem by problem
+    finish_reason: str = ""  # "stop", "length" (cut by the token limit), "tool_calls"
 
 
 def _with_served(
@@ -69,8 +70,9 @@ def _with_served(
             "URL per model, in the order of --model (the shipped models by default)."
         )
     served = [
-        connect(Remote(url, tokenizer=str(path), name=f"{member.name} (served)"))
-        for url, path, member in zip(urls, models or [], members, strict=True)
+        connect(Remote(url, tokenizer=str(source), name=f"{member.name} (served)"))
+        for url, model, member in zip(urls, models or [], members, strict=True)
+        for source in [getattr(model, "path", model)]  # a Local's path, or the path itself
     ]
     return members + served, setups + served_twins(setups, len(members))
 
@@ -89,7 +91,7 @@ def run_one(
     else:  # weights plus the caches as they stand at the end (they only grow within a request)
         memory = (sum(map(weight_bytes, active)) + out.stats.cache_bytes) / 2**20
     record = Record(
-        correct=None if check is None else bool(check(out.text)),
+        correct=None if check is None else bool(check(out.text, cut=out.finish_reason == "length")),
         tokens=out.stats.tokens,
         ensembled_tokens=out.stats.ensembled_tokens,
         ensembled_rounds=out.stats.ensembled_rounds,
@@ -98,6 +100,7 @@ def run_one(
         memory_mb=memory,
         counts=dict(out.stats.counts),
         text=out.text,
+        finish_reason=out.finish_reason,
     )
     return record, out.text
 
@@ -251,7 +254,7 @@ def run(
     setups_from: Callable[[list[str]], list[Setup]],
     models: Sequence[str] | None,
     task: str = "arithmetic",
-    form: str = "cot",
+    form: str | None = None,
     n: int = 200,
     seed: int = 1,
     max_new_tokens: int = 160,
@@ -271,7 +274,7 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     if shape is None:
-        models = models or shipped_model_paths()
+        models = models or default_models(task)
     members = load_members(models, device, dtype, shape)
     names = [m.name for m in members]
     setups = setups_from(names)

@@ -26,7 +26,7 @@ def _show(args: argparse.Namespace) -> None:
 def _members_and_setups(args: argparse.Namespace):
     """The loaded members and one setup per method at its default options (plus --config), for
     the benchmarks that compare methods under load, grammar or tools."""
-    from .setups import load_members, method_setups
+    from .setups import default_models, load_members, method_setups
 
     if args.remote:
         raise InvalidConfigError(
@@ -49,7 +49,8 @@ def _members_and_setups(args: argparse.Namespace):
         import torch
 
         torch.set_num_threads(args.threads)
-    members = load_members(args.model, args.device, args.dtype, args.shape, args.ignore_stop)
+    models = args.model or (None if args.shape else default_models(args.task))
+    members = load_members(models, args.device, args.dtype, args.shape, args.ignore_stop)
     names = [m.name for m in members]
     return members, method_setups(methods, len(members), args.config, names)
 
@@ -90,12 +91,12 @@ def _bench_grammar(args: argparse.Namespace) -> None:
 def _bench_tools(args: argparse.Namespace) -> None:
     from . import tools
 
-    if args.task != "arithmetic":
+    if args.task not in ("arithmetic", "real"):
         raise InvalidConfigError(
-            "--form tool runs the testbed's tool problems; drop --task (a JSONL file has no "
-            "tools to offer)."
+            "--form tool runs the tiny testbed's tool problems, or the real task's with --task "
+            "real; a JSONL file has no tools to offer."
         )
-    task = tools.testbed_tool_task(args.n, args.seed)
+    task = tools.testbed_tool_task(args.n, args.seed, real=args.task == "real")
     methods = [m for m in (args.methods or BENCH_METHODS).split(",") if m]
     members, _ = _members_and_setups(args)
     tools.run(
@@ -121,15 +122,26 @@ def _bench_serve(args: argparse.Namespace) -> None:
 
 def _bench_headroom(args: argparse.Namespace) -> None:
     from . import headroom
+    from .setups import task_form
 
-    if args.model or args.task != "arithmetic" or args.form != "cot" or args.shape:
+    if args.shape or args.task not in ("arithmetic", "real"):
         raise InvalidConfigError(
             "--headroom runs the shipped testbed members (and the weak one) on chain-of-thought "
-            "problems; drop --model, --task, --form and --shape."
+            "problems, or the real pair on the real task with --task real (--form qa or rag), "
+            "or the --model members on either; drop --shape and a JSONL --task."
+        )
+    form = task_form(args.task, args.form)
+    if form not in ("cot", "qa", "rag"):
+        raise InvalidConfigError(
+            f"--headroom measures answers to questions (--form cot, or qa|rag with --task "
+            f"real), not --form {form}: run --form {form} without --headroom."
         )
     given = args.methods.split(",") if args.methods else headroom.METHODS
     methods = [m for m in given if m and m != "single"]
     headroom.run(
+        models=args.model,
+        task=args.task,
+        form=form,
         n=args.n,
         seed=args.seed,
         warmup=args.warmup,
@@ -256,16 +268,19 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--task",
         default="arithmetic",
-        help='\'arithmetic\' or a JSONL file of {"prompt": ..., "answer": ...} lines, scored by '
-        "the FINAL answer compared exactly: the number, the multiple-choice letter or the text "
-        "after the last 'The answer is'/'Answer:' (else the last number or the final line)",
+        help="'arithmetic' (the tiny testbed's task, on the shipped models), 'real' (the real "
+        "task's short questions, on the real pair: core.testbed.real_models, the real extra) "
+        'or a JSONL file of {"prompt": ..., "answer": ...} lines, scored by the FINAL answer '
+        "compared exactly: the number, the multiple-choice letter or the text after the last "
+        "'The answer is'/'Answer:' (else the last number or the final line)",
     )
     p.add_argument(
         "--form",
-        default="cot",
-        choices=["cot", "rag", "tool"],
-        help="tool: each single model and method on tool-use problems (right tool, arguments "
-        "and final answer; schema-valid calls with the grammar and with the prompt only)",
+        default=None,
+        choices=["cot", "rag", "tool", "qa"],
+        help="arithmetic: cot (default), rag, tool; real: qa (default), rag, tool. tool: each "
+        "single model and method on tool-use problems (right tool, arguments and final answer; "
+        "schema-valid calls with the grammar and with the prompt only)",
     )
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--seed", type=int, default=1)
@@ -320,8 +335,10 @@ def add_commands(sub) -> None:
         "--headroom",
         action="store_true",
         help="every member alone, and every method at its default and best options on every "
-        "pair of the shipped members, the three, and the three with the weak member: accuracy, "
-        "the either-right ceiling, the share of the gap closed, time per token, weights",
+        "pair of the shipped members, the three, and the three with the weak member (--task "
+        "real: the real pair; --model: those members): accuracy, the either-right ceiling, the "
+        "share of the gap closed, the paired difference to the best member, time per token, "
+        "weights",
     )
     p.add_argument(
         "--warmup",

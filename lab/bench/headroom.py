@@ -1,13 +1,16 @@
 """The headroom benchmark: how much of what its members could answer an ensemble answers.
 
-Members: the three shipped testbed models and the weak fourth (`model_paths(weak=True)`).
-For each set of members (every pair of the three, the three, the three and the weak one), every
-method at its default options and at its best measured options (`BEST`), and every member
-alone. Per configuration: accuracy; the set's either-right ceiling (the share of problems at
-least one of its members answers right alone); the share of the gap from the set's best single
-member to that ceiling the configuration closes; time per output token × its drafter and × the
-fastest single member, measured side by side (configurations interleaved problem by problem, in
-a rotating order); E/T; and the members' weights after warm-up.
+Members: the three shipped testbed models and the weak fourth (`model_paths(weak=True)`) on
+chain-of-thought problems, or the real pair (`real_members()`) on the real task (`--task real`,
+its qa or rag form). For each set of members (every pair of the first three, the three, the
+three and the weak one; the real pair is one pair), every method at its default options and at
+its best measured options (`BEST`), and every member alone. Per configuration: accuracy; the
+set's either-right ceiling (the share of problems at least one of its members answers right
+alone); the share of the gap from the set's best single member to that ceiling the
+configuration closes; the paired difference to that best member on the same problems (problems
+won and lost, with its standard error); time per output token × its drafter and × the fastest
+single member, measured side by side (configurations interleaved problem by problem, in a
+rotating order); E/T; and the members' weights after warm-up.
 
 Every ensemble runs as `Ensemble(members, method)` gives it: members equally weighted, nothing
 learned. Optionally (`warmup`), before anything is measured, every ensemble answers `warmup`
@@ -30,10 +33,11 @@ from typing import Any
 import torch
 
 from core.config import GenerationConfig
+from core.errors import InvalidConfigError
 
 from .accuracy import Record, run_one, summarise
 from .report import write_results
-from .setups import Setup, ensemble_for, load_members, load_task, parse_setups
+from .setups import Setup, default_models, ensemble_for, load_members, load_task, parse_setups
 
 METHODS = ("token", "safe", "specem", "rerank")
 # Each method's best options, measured on held-out problems of seed 2 (never the measured seed
@@ -52,18 +56,19 @@ CALIBRATED_METHODS = ("safe", "specem", "rerank")
 
 
 def short(name: str) -> str:
-    """A member's name in a table: its tokenizer family ("tb-qwen2-spm" -> "spm")."""
-    return name.rsplit("-", 1)[-1]
+    """A member's name in a table: a testbed model's tokenizer family ("tb-qwen2-spm" ->
+    "spm"), another model's family ("smollm2-135m-instruct" -> "smollm2")."""
+    return name.rsplit("-", 1)[-1] if name.startswith("tb-") else name.split("-", 1)[0]
 
 
 def member_sets(names: Sequence[str], which: Sequence[str] = SETS) -> dict[str, list[int]]:
-    """Label -> member indices: every pair of the first three, the three, the three + the
-    fourth (the weak member)."""
+    """Label -> member indices: every pair of the first three (of two members: the pair), the
+    three, the three + the fourth (the weak member)."""
     sets: dict[str, list[int]] = {}
     if "pairs" in which:
-        for pair in combinations(range(3), 2):
+        for pair in combinations(range(min(3, len(names))), 2):
             sets[" + ".join(short(names[i]) for i in pair)] = list(pair)
-    if "three" in which:
+    if "three" in which and len(names) >= 3:
         sets[" + ".join(short(n) for n in names[:3])] = [0, 1, 2]
     if "weak" in which and len(names) > 3:
         sets[" + ".join(short(n) for n in names[:4])] = [0, 1, 2, 3]
@@ -96,6 +101,9 @@ def headroom_setups(
 
 def run(
     *,
+    models: Sequence[Any] | None = None,
+    task: str = "arithmetic",
+    form: str | None = None,
     n: int = 200,
     seed: int = 1,
     warmup: int = 0,
@@ -113,11 +121,16 @@ def run(
 ) -> dict:
     from core.testbed import model_paths
 
-    task = load_task("arithmetic", n, seed)
-    warm_task = load_task("arithmetic", warmup, warmup_seed) if warmup else None
+    source = task
+    task = load_task(source, n, seed, form)
+    warm_task = load_task(source, warmup, warmup_seed, form) if warmup else None
     if threads:
         torch.set_num_threads(threads)
-    members = load_members([str(p) for p in model_paths(weak=True)], device)
+    if not models:
+        models = default_models(source) if source == "real" else model_paths(weak=True)
+    if len(models) < 2:
+        raise InvalidConfigError("--headroom compares ensembles: give at least two --model.")
+    members = load_members(list(models), device)
     names = [m.name for m in members]
     setups = headroom_setups(names, methods, which, configs, calibrated=calibrate > 0)
     ensembles = {s.label: ensemble_for(members, s) for s in setups}
@@ -197,11 +210,27 @@ def _headroom_columns(rows, setups, records, names, weights, drafters) -> None:
         row["ceiling"], row["best_single"] = ceiling, best
         gap = None if ceiling is None or best is None else ceiling - best
         row["gap_closed"] = (row["accuracy"] - best) / gap if gap else None
+        best_member = max((i for i in chosen if i in alone), key=lambda i: alone[i]["accuracy"])
+        mine_right = [bool(r.correct) for r in records[setup.label]]
+        row["vs_best"] = paired(mine_right, right[best_member])
         drafter = chosen[0] if setup.method == "single" else drafters[setup.label]
         row["drafter"] = names[drafter]
         mine, its = row["ms_per_token"], alone.get(drafter, {}).get("ms_per_token")
         row["ratio_to_drafter"] = mine / its if mine and its else None
         row["weights"] = weights[setup.label]
+
+
+def paired(mine: Sequence[bool], theirs: Sequence[bool]) -> dict[str, float | int]:
+    """The paired difference of two rows on the same problems: the problems one gets right and
+    the other wrong (won, lost), the difference in accuracy and its standard error
+    (sqrt(won + lost - (won - lost)² / n) / n, as McNemar's test reads the discordant pairs):
+    rows differ beyond their noise where the difference is about twice its standard error."""
+    n = len(mine)
+    won = sum(a and not b for a, b in zip(mine, theirs, strict=True))
+    lost = sum(b and not a for a, b in zip(mine, theirs, strict=True))
+    diff = (won - lost) / n if n else 0.0
+    se = max(won + lost - n * diff * diff, 0.0) ** 0.5 / n if n else 0.0
+    return {"won": won, "lost": lost, "difference": diff, "standard_error": se}
 
 
 def markdown(
@@ -212,8 +241,8 @@ def markdown(
     )
     weights = f"weights ({', '.join(learned)}; seed {warmup_seed})" if learned else "weights"
     head = [
-        "configuration", "accuracy", "ceiling", "gap closed", "× drafter",
-        "× fastest single", "E/T", weights,
+        "configuration", "accuracy", "ceiling", "gap closed", "vs best member (paired)",
+        "× drafter", "× fastest single", "E/T", weights,
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -230,9 +259,18 @@ def markdown(
         if r.get("calibration_seconds") is not None:
             shown += f" ({r['calibration_seconds']:.0f} s to calibrate)"
         gap = "–" if r["method"] == "single" else pct(r["gap_closed"])
+        vs = r["vs_best"]
+        versus = (
+            "–"
+            if r["method"] == "single"
+            else (
+                f"{100 * vs['difference']:+.1f} ± {100 * vs['standard_error']:.1f} "
+                f"(+{vs['won']} −{vs['lost']})"
+            )
+        )
         cells = [
             r["label"], pct(r["accuracy"]), "–" if r["method"] == "single" else pct(r["ceiling"]),
-            gap, f"{ratio(r['ratio_to_drafter'])} ({short(r['drafter'])})",
+            gap, versus, f"{ratio(r['ratio_to_drafter'])} ({short(r['drafter'])})",
             ratio(r["ratio_to_fastest_single"]), pct(r["ensemble_rate"]), shown,
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

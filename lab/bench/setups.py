@@ -47,31 +47,73 @@ SHAPES: dict[str, dict[str, dict[str, int]]] = {
 }
 
 
+# A checker reads a reply's text; `cut` says the reply stopped at the token limit (finish reason
+# "length"), so a checker that can tell may leave its unfinished last word unread.
+Check = Callable[..., bool]  # (text, cut=False) -> right?
+
+# The task sources `--task` names (besides a JSONL file), the forms each one has, its default.
+TASK_FORMS = {"arithmetic": ("cot", "rag", "tool"), "real": ("qa", "rag", "tool")}
+
+
 @dataclass(frozen=True)
 class Task:
-    """Problems as (messages, checker) pairs, from the testbed or a JSONL file."""
+    """Problems as (messages, checker) pairs: the tiny testbed's, the real task's, or a JSONL
+    file's."""
 
     name: str
-    items: list[tuple[list[dict], Callable[[str], bool]]]
+    items: list[tuple[list[dict], Check]]
 
 
-def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
-    """The testbed's arithmetic problems, or a JSONL file of {"prompt", "answer"} lines whose
+def task_form(task: str, form: str | None) -> str:
+    """The form a run uses: the one given, checked against the task, or the task's first."""
+    forms = TASK_FORMS.get(task)
+    if forms is None:  # a JSONL file: one form, its prompts as they are
+        if form not in (None, "cot"):
+            raise InvalidConfigError(
+                f"--form {form} belongs to the built-in tasks; a JSONL file's prompts are sent "
+                "as they are: drop --form."
+            )
+        return "cot"
+    if form is None:
+        return forms[0]
+    if form not in forms:
+        raise InvalidConfigError(
+            f"--task {task} has the forms {', '.join(forms)}, not {form!r}: pick one of them."
+        )
+    return form
+
+
+def default_models(task: str) -> list:
+    """The members a task runs on unless --model says: the real pair for the real task
+    (`core.testbed.real_models.real_members()`), the shipped tiny models otherwise."""
+    from core.testbed import testbed
+
+    return testbed(task == "real").members()
+
+
+def load_task(task: str, n: int, seed: int = 1, form: str | None = None) -> Task:
+    """The testbed's arithmetic problems, the real task's short questions
+    (`core.testbed.make_real_problems`, checked by `check_real_answer`, which leaves a cut
+    reply's unfinished last word unread), or a JSONL file of {"prompt", "answer"} lines whose
     outputs are checked by their FINAL answer (`lab.bench.answers.answer_checker`: the number, the
     multiple-choice letter or the text after the last "The answer is"/"Answer:", compared
     exactly; never a match anywhere in the output)."""
-    if task == "arithmetic":
-        from core.testbed import check_answer, make_problems
+    form = task_form(task, form)
+    if task in TASK_FORMS:
+        from core.testbed import testbed
 
-        problems = make_problems(n, seed=seed, form=form, split="test")
+        bed = testbed(task == "real")
         return Task(
-            f"arithmetic-{form}",
-            [(p.messages, lambda text, p=p: check_answer(text, p)) for p in problems],
+            f"{task}-{form}",
+            [
+                (p.messages, lambda text, cut=False, p=p: bed.right(text, p, cut))
+                for p in bed.problems(n, seed, form)
+            ],
         )
     path = Path(task)
     if not path.is_file():
         raise InvalidConfigError(
-            f"--task {task!r} is neither 'arithmetic' nor a JSONL file of "
+            f"--task {task!r} is neither 'arithmetic', 'real' nor a JSONL file of "
             '{"prompt": ..., "answer": ...} lines.'
         )
     items = []
@@ -90,7 +132,10 @@ def load_task(task: str, n: int, seed: int = 1, form: str = "cot") -> Task:
         answer = str(row["answer"]).strip()
         if not answer:
             raise InvalidConfigError(f"{path}:{line_no} has an empty 'answer'; give the answer.")
-        items.append(([{"role": "user", "content": row["prompt"]}], answer_checker(answer)))
+        check = answer_checker(answer)
+        items.append(
+            ([{"role": "user", "content": row["prompt"]}], lambda text, cut=False, c=check: c(text))
+        )
         if len(items) == n:
             break
     return Task(path.stem, items)
@@ -179,15 +224,16 @@ def shipped_model_paths() -> list[str]:
 
 
 def load_members(
-    models: Sequence[str] | None,
+    models: Sequence[Any] | None,
     device: str = "cpu",
     dtype: str = "auto",
     shape: str | None = None,
     ignore_stop: bool = False,
 ) -> list[HFMember]:
     """In-process members, loaded once (every configuration of a run shares their weights): the
-    given models, the shipped ones by default, or random weights of a `shape`. `ignore_stop`:
-    they never end their turn (fixed-length speed runs; random weights may stop at any time)."""
+    given models (paths or `Local(...)` specs), the shipped ones by default, or random weights of
+    a `shape`. `ignore_stop`: they never end their turn (fixed-length speed runs; random weights
+    may stop at any time)."""
     if shape is not None:
         members = shape_members(shape, device, dtype)
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,25 +51,28 @@ class ToolTask:
     call_tool: Callable[[str, dict], str]  # the tool's result text
     followup: Callable[[str, str, dict, str], list[dict]]  # (id, name, args, result) -> messages
     right_call: Callable[[str, dict, Any], bool]  # (name, arguments, problem)
-    right_answer: Callable[[str, Any], bool]  # (final text, problem)
+    right_answer: Callable[[str, Any, bool], bool]  # (final text, problem, cut by the limit)
 
 
-def testbed_tool_task(n: int, seed: int = 1) -> ToolTask:
-    """The testbed's held-out tool-form problems and its tools."""
+def testbed_tool_task(n: int, seed: int = 1, real: bool = False) -> ToolTask:
+    """The held-out tool-form problems and tools of the tiny testbed, or with `real` of the
+    real task (calls compared as a grader would, `check_real_tool_call`; a final answer cut by
+    the token limit keeps its last word unread)."""
     from core import testbed
 
-    if "tool" not in getattr(testbed.task, "FORMS", ()):
+    bed = testbed.testbed(real)
+    if not real and "tool" not in getattr(testbed.task, "FORMS", ()):
         raise InvalidConfigError(
             "--form tool needs the testbed's tool form (make_problems(form='tool')), which this "
             "build's testbed does not have; rebuild the testbed with it."
         )
     return ToolTask(
-        "arithmetic-tool",
-        testbed.make_problems(n, seed=seed, form="tool", split="test"),
+        "real-tool" if real else "arithmetic-tool",
+        bed.problems(n, seed, "tool"),
         testbed.call_tool,
         testbed.tool_followup,
-        testbed.check_tool_call,
-        testbed.check_answer,
+        bed.right_call,
+        bed.right,
     )
 
 
@@ -122,6 +126,7 @@ def schema_valid(call: Any, tools: Sequence[dict]) -> bool:
 
 def play(ensemble: Ensemble, problem: Any, config: GenerationConfig, task: ToolTask) -> dict:
     """One tool turn: the first response, the tool run on its first call, the final answer."""
+    started = time.perf_counter()
     first = ensemble.generate(problem.messages, config)
     written = [*first.tool_calls, *first.invalid_tool_calls]
     call = first.tool_calls[0] if first.tool_calls else None
@@ -145,8 +150,11 @@ def play(ensemble: Ensemble, problem: Any, config: GenerationConfig, task: ToolT
         "invalid": [c.to_dict() for c in first.invalid_tool_calls],
         "tool_right": tool_right,
         "args_right": args_right,
-        "answer_right": bool(task.right_answer(final.text, problem)),
+        "answer_right": bool(
+            task.right_answer(final.text, problem, final.finish_reason == "length")
+        ),
         "final": final.text,
+        "seconds": time.perf_counter() - started,  # both turns (the tool's run is instant)
     }
 
 
@@ -166,6 +174,7 @@ def summarise(setups: Sequence[Setup], records: dict[tuple[str, str], list[dict]
                 "calls": calls,
                 "cut_calls": sum(r["cut_calls"] for r in rs),
                 "schema_valid": sum(r["valid_calls"] for r in rs) / calls if calls else None,
+                "seconds_per_problem": sum(r["seconds"] for r in rs) / n,
             }
         rows.append(row)
     return rows
@@ -182,8 +191,9 @@ def markdown(result: dict) -> str:
         "by the token limit counts as not schema-valid.",
         "",
         "| configuration | right tool | right arguments | right answer | schema-valid calls "
-        "| prompt only: right tool | right arguments | right answer | schema-valid calls |",
-        "|" + "---|" * 9,
+        "| prompt only: right tool | right arguments | right answer | schema-valid calls "
+        "| s/problem (grammar / prompt only) |",
+        "|" + "---|" * 10,
     ]
 
     def pct(value) -> str:
@@ -197,6 +207,8 @@ def markdown(result: dict) -> str:
             valid = f"{pct(c['schema_valid'])} of {c['calls']}{cut}"
             cells += [pct(c["right_tool"]), pct(c["right_arguments"]), pct(c["right_answer"]),
                       valid]  # fmt: skip
+        seconds = [r[condition]["seconds_per_problem"] for condition in CONDITIONS]
+        cells.append(" / ".join(f"{s:.1f}" for s in seconds))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
