@@ -1,9 +1,11 @@
 """A LangChain agent (`langchain.agents.create_agent`) on an ensemble of the shipped tiny models,
-measured on held-out tool-use problems against each member alone.
+or with `--real` of the real pair (SmolLM2-135M-Instruct and Gemma-3-270M base, the `real`
+extra), measured on held-out tool-use problems against each member alone.
 
     python examples/langchain_agent.py              # 20 held-out problems, then one trace
     python examples/langchain_agent.py --n 50 --trace 3
     python examples/langchain_agent.py --method specem
+    python examples/langchain_agent.py --real --n 14  # the real task's tool problems
 
 Runs offline on CPU (needs `pip install "llm-ensembling[langchain]"`, which brings `langchain`).
 Each problem offers its own tools (the testbed's `add`, `subtract`, `multiply`, `calculator`,
@@ -35,17 +37,11 @@ from langchain_core.tools import tool  # noqa: E402
 
 from core import Ensemble  # noqa: E402
 from core.methods import DEFAULT_METHOD  # noqa: E402
-from core.testbed import (  # noqa: E402
-    TOOL_FUNCTIONS,
-    Problem,
-    check_answer,
-    check_tool_call,
-    make_problems,
-    model_paths,
-)
+from core.testbed import TOOL_FUNCTIONS, Problem, Testbed, testbed  # noqa: E402
 from langchain_ensemble import ChatEnsemble  # noqa: E402
 
 TOOLS = {name: tool(fn) for name, fn in TOOL_FUNCTIONS.items()}
+TINY = testbed()
 
 
 def make_agent(chat: ChatEnsemble, problem: Problem):
@@ -60,8 +56,9 @@ def run(agent, problem: Problem, recursion_limit: int = 8) -> dict:
     return agent.invoke(inputs, {"recursion_limit": recursion_limit})
 
 
-def grade(state: dict, problem: Problem) -> tuple[bool, bool, bool]:
-    """(right tool, right arguments, right answer) for one finished run."""
+def grade(state: dict, problem: Problem, bed: Testbed = TINY) -> tuple[bool, bool, bool]:
+    """(right tool, right arguments, right answer) for one finished run, by the checkers of the
+    problem's testbed (a real final answer cut by the token limit keeps its last word unread)."""
     messages = state["messages"][len(problem.messages) :]
     calls = [c for m in messages if isinstance(m, AIMessage) for c in m.tool_calls]
     first = calls[0] if calls else None
@@ -69,12 +66,14 @@ def grade(state: dict, problem: Problem) -> tuple[bool, bool, bool]:
         tool_right = args_right = first is None
     else:
         tool_right = first is not None and first["name"] == problem.expected_call[0]
-        args_right = first is not None and check_tool_call(first["name"], first["args"], problem)
+        args_right = first is not None and bed.right_call(first["name"], first["args"], problem)
+    last = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    cut = last is not None and last.response_metadata.get("finish_reason") == "length"
     if problem.response_format is not None:
         answer = json.dumps(state.get("structured_response"))
     else:
-        answer = next((m.content for m in reversed(messages) if isinstance(m, AIMessage)), "")
-    return tool_right, args_right, check_answer(str(answer), problem)
+        answer = last.content if last is not None else ""
+    return tool_right, args_right, bed.right(str(answer), problem, cut)
 
 
 def show(state: dict, problem: Problem) -> None:
@@ -97,19 +96,23 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20, help="held-out tool problems")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace", type=int, default=1, help="problems whose trace is printed")
+    parser.add_argument(
+        "--real", action="store_true", help="the real pair (the real extra) and the real task"
+    )
     args = parser.parse_args()
-    paths = model_paths()
-    ensemble = Ensemble.from_pretrained(paths, method=args.method, device="cpu")
-    configs = {f"{m.name} alone": ChatEnsemble(models=[str(p)], method="single", max_tokens=96)
-               for m, p in zip(ensemble.members, paths, strict=True)}  # fmt: skip
+    bed = testbed(args.real)
+    ensemble = Ensemble.from_pretrained(bed.members(), method=args.method, device="cpu")
+    configs = {f"{m.name} alone": ChatEnsemble.from_ensemble(Ensemble([m], "single"),
+                                                             max_tokens=96)
+               for m in ensemble.members}  # fmt: skip
     label = f"ensemble ({args.method})"
     configs[label] = ChatEnsemble.from_ensemble(ensemble, max_tokens=96)
-    problems = make_problems(args.n, seed=args.seed, form="tool")
+    problems = bed.problems(args.n, seed=args.seed, form="tool")
     totals = {name: [0, 0, 0] for name in configs}
     for i, problem in enumerate(problems):
         for name, chat in configs.items():
             state = run(make_agent(chat, problem), problem)
-            for k, right in enumerate(grade(state, problem)):
+            for k, right in enumerate(grade(state, problem, bed)):
                 totals[name][k] += right
             if i < args.trace and name == label:
                 show(state, problem)

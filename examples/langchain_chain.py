@@ -1,8 +1,10 @@
-"""prompt | ChatEnsemble | StrOutputParser on the shipped tiny models: the answer streams in,
-and what the ensemble does (ensemble points, segment winners, weights) prints as it happens.
+"""prompt | ChatEnsemble | StrOutputParser on the shipped tiny models (or with `--real` on the
+real pair: SmolLM2-135M-Instruct and Gemma-3-270M base, the `real` extra): the answer streams
+in, and what the ensemble does (ensemble points, segment winners, weights) prints as it happens.
 
     python examples/langchain_chain.py                     # SAFE, a testbed question
     python examples/langchain_chain.py --method specem --question "Tom has 3 pens. ..."
+    python examples/langchain_chain.py --real              # a question of the real task
 
 Runs offline on CPU. `astream_events(version="v2")` gives the chain's text and the ensemble's
 custom events (`on_custom_event`, named `ensemble.<event>`) in one stream, in order.
@@ -19,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from langchain_core.output_parsers import StrOutputParser  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 
-from core.testbed import make_problems, model_paths  # noqa: E402
+from core.testbed import testbed  # noqa: E402
 from langchain_ensemble import ChatEnsemble  # noqa: E402
 
 # The events worth watching; draft and skip events (one per position) are left out.
@@ -42,8 +44,10 @@ def describe(name: str, data: dict) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    bed = testbed(args.real)
+    question = args.question or bed.problems(1, seed=3)[0].question  # seed 3: a tuning seed
     chat = ChatEnsemble(
-        models=[str(p) for p in model_paths()],
+        models=bed.members(),
         method=args.method,
         max_tokens=args.max_tokens,
         ensemble_events=EVENTS,
@@ -52,9 +56,9 @@ async def main(args: argparse.Namespace) -> None:
         [("system", "Solve the problem step by step."), ("human", "{question}")]
     )
     chain = prompt | chat | StrOutputParser()
-    print(f"{chat.model_name}\nQ: {args.question}\nA:")
+    print(f"{chat.model_name}\nQ: {question}\nA:")
     mid_line = False  # events go on lines of their own, between pieces of the answer
-    async for event in chain.astream_events({"question": args.question}, version="v2"):
+    async for event in chain.astream_events({"question": question}, version="v2"):
         if event["event"] == "on_parser_stream":
             print(event["data"]["chunk"], end="", flush=True)
             mid_line = True
@@ -73,6 +77,9 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--method", default="safe", help="safe | specem | token | single")
-    parser.add_argument("--question", default=make_problems(1, seed=3)[0].question)
+    parser.add_argument("--question", default=None, help="default: a question of the testbed")
+    parser.add_argument(
+        "--real", action="store_true", help="the real pair (the real extra), a real question"
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     asyncio.run(main(parser.parse_args()))

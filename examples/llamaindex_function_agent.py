@@ -1,8 +1,10 @@
-"""A LlamaIndex FunctionAgent on an ensemble of the shipped tiny models, measured on held-out
+"""A LlamaIndex FunctionAgent on an ensemble of the shipped tiny models, or with `--real` of the
+real pair (SmolLM2-135M-Instruct and Gemma-3-270M base, the `real` extra), measured on held-out
 tool-use problems against each member alone.
 
     python examples/llamaindex_function_agent.py              # 20 held-out problems, one trace
     python examples/llamaindex_function_agent.py --n 50 --method specem
+    python examples/llamaindex_function_agent.py --real --n 14  # the real task's tool problems
 
 Runs offline on CPU. `EnsembleLLM` is a `FunctionCallingLLM`: the agent sends the tools with
 every turn (`astream_chat_with_tools`), the ensemble's grammar keeps each call well formed, the
@@ -37,15 +39,7 @@ from llama_index.core.tools import FunctionTool  # noqa: E402
 
 from core import Ensemble  # noqa: E402
 from core.methods import DEFAULT_METHOD  # noqa: E402
-from core.testbed import (  # noqa: E402
-    TOOL_FUNCTIONS,
-    TOOL_SPECS,
-    Problem,
-    check_answer,
-    check_tool_call,
-    make_problems,
-    model_paths,
-)
+from core.testbed import TOOL_FUNCTIONS, TOOL_SPECS, Problem, Testbed, testbed  # noqa: E402
 from llamaindex_ensemble import EnsembleLLM  # noqa: E402
 
 TOOLS = {
@@ -54,6 +48,7 @@ TOOLS = {
     )
     for name, fn in TOOL_FUNCTIONS.items()
 }
+TINY = testbed()
 
 
 def make_agent(llm: EnsembleLLM, problem: Problem) -> FunctionAgent:
@@ -61,8 +56,9 @@ def make_agent(llm: EnsembleLLM, problem: Problem) -> FunctionAgent:
     return FunctionAgent(tools=tools, llm=llm)
 
 
-async def solve(agent: FunctionAgent, question: str, echo: bool = False) -> tuple[str, list]:
-    """Run the agent on one question: (final answer, [(tool name, kwargs, output), ...])."""
+async def solve(agent: FunctionAgent, question: str, echo: bool = False) -> tuple[str, list, bool]:
+    """Run the agent on one question: (final answer, [(tool name, kwargs, output), ...], whether
+    the final answer stopped at the token limit)."""
     handler = agent.run(user_msg=question, max_iterations=8)
     calls = []
     async for event in handler.stream_events():
@@ -73,18 +69,22 @@ async def solve(agent: FunctionAgent, question: str, echo: bool = False) -> tupl
             if echo:
                 print(f"\n  -> {event.tool_name}({event.tool_kwargs}) = {event.tool_output}")
     response = await handler
-    return str(response).strip(), calls
+    cut = (getattr(response, "raw", None) or {}).get("finish_reason") == "length"
+    return str(response).strip(), calls, cut
 
 
-def grade(answer: str, calls: list, problem: Problem) -> tuple[bool, bool, bool]:
-    """(right tool, right arguments, right answer) for one finished run."""
+def grade(
+    answer: str, calls: list, problem: Problem, bed: Testbed = TINY, cut: bool = False
+) -> tuple[bool, bool, bool]:
+    """(right tool, right arguments, right answer) for one finished run, by the checkers of the
+    problem's testbed (`cut`: the final answer stopped at the token limit)."""
     first = calls[0] if calls else None
     if problem.expected_call is None:
         tool_right = args_right = first is None
     else:
         tool_right = first is not None and first[0] == problem.expected_call[0]
-        args_right = first is not None and check_tool_call(first[0], first[1], problem)
-    return tool_right, args_right, check_answer(answer, problem)
+        args_right = first is not None and bed.right_call(first[0], first[1], problem)
+    return tool_right, args_right, bed.right(answer, problem, cut)
 
 
 async def main() -> None:
@@ -94,9 +94,12 @@ async def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trace", type=int, default=1, help="problems whose trace is printed")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--real", action="store_true", help="the real pair (the real extra) and the real task"
+    )
     args = parser.parse_args()
-    paths = model_paths()
-    ensemble = Ensemble.from_pretrained(paths, method=args.method, device=args.device)
+    bed = testbed(args.real)
+    ensemble = Ensemble.from_pretrained(bed.members(), method=args.method, device=args.device)
     configs = {
         f"{member.name} alone": EnsembleLLM(
             ensemble=Ensemble([member], "single"), max_new_tokens=64
@@ -106,7 +109,7 @@ async def main() -> None:
     label = f"ensemble ({args.method})"
     configs[label] = EnsembleLLM(ensemble=ensemble, max_new_tokens=64)
     problems = [
-        p for p in make_problems(args.n, seed=args.seed, form="tool") if p.response_format is None
+        p for p in bed.problems(args.n, seed=args.seed, form="tool") if p.response_format is None
     ]
     totals = {name: [0, 0, 0] for name in configs}
     for i, problem in enumerate(problems):
@@ -114,10 +117,10 @@ async def main() -> None:
             echo = i < args.trace and name == label
             if echo:
                 print(f"question: {problem.question}  (answer {problem.answer})")
-            answer, calls = await solve(make_agent(llm, problem), problem.question, echo)
+            answer, calls, cut = await solve(make_agent(llm, problem), problem.question, echo)
             if echo:
                 print(f"\nanswer: {answer!r}\n")
-            for k, right in enumerate(grade(answer, calls, problem)):
+            for k, right in enumerate(grade(answer, calls, problem, bed, cut)):
                 totals[name][k] += right
     n = len(problems)
     print(f"{n} held-out tool problems (of {args.n}, seed {args.seed}; JSON ones left out):")

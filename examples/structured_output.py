@@ -1,9 +1,11 @@
-"""Structured output from an ensemble of the shipped tiny models, three ways over one engine:
-the core (`response_format=`), LangChain (`with_structured_output`) and LlamaIndex (`chat(...,
-response_format=...)`), measured on held-out problems against each member alone.
+"""Structured output from an ensemble of the shipped tiny models (or with `--real` of the real
+pair: SmolLM2-135M-Instruct and Gemma-3-270M base, the `real` extra), three ways over one
+engine: the core (`response_format=`), LangChain (`with_structured_output`) and LlamaIndex
+(`chat(..., response_format=...)`), measured on held-out problems against each member alone.
 
     python examples/structured_output.py            # 20 held-out problems, then the three ways
     python examples/structured_output.py --n 50 --method specem
+    python examples/structured_output.py --real --n 10   # the real task's tool problems
 
 Runs offline on CPU. The answer's JSON schema is a grammar over the shared text: every member's
 next-token distribution is masked to what the schema allows, and the keys, quotes and
@@ -32,7 +34,7 @@ from llama_index.core.base.llms.types import ChatMessage, ToolCallBlock  # noqa:
 
 from core import Ensemble  # noqa: E402
 from core.methods import DEFAULT_METHOD  # noqa: E402
-from core.testbed import Problem, call_tool, check_answer, make_problems, model_paths  # noqa: E402
+from core.testbed import Problem, call_tool, testbed  # noqa: E402
 from core.testbed import tool_followup as followup  # noqa: E402
 from langchain_ensemble import ChatEnsemble  # noqa: E402
 from llamaindex_ensemble import EnsembleLLM  # noqa: E402
@@ -82,16 +84,20 @@ def main() -> None:
     parser.add_argument("--method", default=DEFAULT_METHOD, help="the ensemble's method")
     parser.add_argument("--n", type=int, default=20, help="held-out problems that ask for JSON")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--real", action="store_true", help="the real pair (the real extra) and the real task"
+    )
     args = parser.parse_args()
-    engine = Ensemble.from_pretrained(model_paths(), method=args.method, device="cpu")
+    bed = testbed(args.real)
+    engine = Ensemble.from_pretrained(bed.members(), method=args.method, device="cpu")
     configs = {f"{m.name} alone": Ensemble([m], "single") for m in engine.members}
     label = f"ensemble ({args.method})"
     configs[label] = engine
-    pool = make_problems(10 * args.n, seed=args.seed, form="tool")
+    pool = bed.problems(10 * args.n, seed=args.seed, form="tool")
     problems = [p for p in pool if p.response_format is not None][: args.n]  # JSON answers
     print(f"{args.n} held-out tool problems that ask for a JSON answer (seed {args.seed}):")
     for name, ensemble in configs.items():
-        right = sum(check_answer(json.dumps(with_core(ensemble, p)), p) for p in problems)
+        right = sum(bed.right(json.dumps(with_core(ensemble, p)), p) for p in problems)
         print(f"  {name:28s} {right / len(problems):5.0%} right")
     engine.learn_weights = False  # what it learned stays put: the three ways see the same weights
     problem = problems[0]

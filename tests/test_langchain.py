@@ -396,7 +396,9 @@ async def test_the_example_streams_the_answer_and_the_ensemble_events(capsys):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     question = "Max has 7 buttons. He donates 3. Then he collects 9 more. How many buttons?"
-    await example.main(argparse.Namespace(method="specem", question=question, max_tokens=8))
+    await example.main(
+        argparse.Namespace(method="specem", question=question, max_tokens=8, real=False)
+    )
     out = capsys.readouterr().out
     assert "ensemble-specem:tb-gpt2-bpe+tb-qwen2-spm+tb-llama-word" in out
     assert "[round 1: tb-" in out and " wins with " in out  # events, as they arrived

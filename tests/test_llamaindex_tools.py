@@ -316,7 +316,7 @@ async def test_the_function_agent_example_completes_a_tool_loop(method):
     agent_example = load_example("llamaindex_function_agent")
     problem = TOOL_PROBLEM
     agent = agent_example.make_agent(_shipped(method), problem)
-    answer, calls = await agent_example.solve(agent, problem.question, echo=False)
+    answer, calls, _ = await agent_example.solve(agent, problem.question, echo=False)
     offered = {spec["function"]["name"] for spec in problem.tools}
     for name, kwargs, output in calls:  # each call ran the offered tool on its own arguments
         assert name in offered
