@@ -3,7 +3,7 @@
 # interleaved problem by problem, caches reset before every request, ratios from the same run).
 # concurrency, soak, grammar and tool are the benchmarks of serving many requests, reliability,
 # constrained decoding and tool use (one run each too).
-#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|all]
+#   lab/scripts/readme_tables.sh [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|real|all]
 #   (CPU; ~2.5 h for all on 2 cores; run on a quiet machine: the numbers are times)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -203,6 +203,23 @@ serve() {  # every method served over HTTP against the same requests in process;
   $CLI soak --serve --requests 1000 --threads 1 --tasks 8 --out "$OUT/serve/soak"
 }
 
+real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; the real extra)
+  # on the real task's reporting seed 1: the headroom table on its qa and rag forms (each member
+  # alone, every method at its defaults and best options, SAFE as published), then tool use.
+  # Problems per form sized to about 25 min of one core each (REAL_QA_N, REAL_RAG_N,
+  # REAL_TOOL_N choose others). Not part of `all`: it needs the real extra.
+  local form n
+  for form in qa rag; do
+    n=${REAL_QA_N:-35}; [ "$form" = rag ] && n=${REAL_RAG_N:-60}
+    $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
+      --max-new-tokens 48 --methods safe,specem,rerank \
+      --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-headroom-$form"
+  done
+  $BENCH --task real --form tool --n "${REAL_TOOL_N:-16}" --seed 1 --threads 1 \
+    --max-new-tokens 160 --methods single,safe,specem,rerank \
+    --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-tool"
+}
+
 case "${1:-all}" in
   headroom) headroom ;;
   tuning) tuning ;;
@@ -218,7 +235,8 @@ case "${1:-all}" in
   rag) rag ;;
   speed) speed ;;
   serve) serve ;;
+  real) real ;;
   all) headroom; tuning; main; safe; kv; remote; departures2; departures3; concurrency; soak; grammar; tool; rag; speed; serve ;;
-  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|all]" >&2
+  *) echo "usage: $0 [headroom|tuning|main|safe|kv|remote|departures|concurrency|soak|grammar|tool|rag|speed|serve|real|all]" >&2
      exit 2 ;;
 esac
