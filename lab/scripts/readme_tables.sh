@@ -206,11 +206,11 @@ serve() {  # every method served over HTTP against the same requests in process;
 real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; the real extra)
   # on the real task's reporting seed 1: the headroom table on its qa and rag forms (each member
   # alone, every method at its defaults and best options, SAFE as published), then tool use.
-  # Problems per form sized to about 25 min of one core each (REAL_QA_N, REAL_RAG_N,
+  # Problems per form: 60 qa, 60 rag, 16 tool (REAL_QA_N, REAL_RAG_N,
   # REAL_TOOL_N choose others). Not part of `all`: it needs the real extra.
   local form n
   for form in qa rag; do
-    n=${REAL_QA_N:-35}; [ "$form" = rag ] && n=${REAL_RAG_N:-60}
+    n=${REAL_QA_N:-60}; [ "$form" = rag ] && n=${REAL_RAG_N:-60}
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods safe,specem,rerank \
       --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-headroom-$form"
