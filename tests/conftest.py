@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -157,3 +158,15 @@ def bodies():
     from serve_helpers import Bodies
 
     return Bodies()
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found():
+    """A test that leaves another SIGINT handler behind fails (and the handler is put back), so
+    no later test in the process, nor Ctrl-C, meets it."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT handled by {after!r} (it was {before!r})")

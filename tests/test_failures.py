@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import random
+import signal
 
 import pytest
 from conftest import needs_trained
@@ -133,7 +134,11 @@ def test_a_real_ctrl_c_at_random_moments_leaves_no_trace(shipped_members, fresh_
     """SIGINT, what Ctrl-C sends (`_thread.interrupt_main`), arriving inside a forward pass:
     a random member's random call, at a random decoder layer. The KeyboardInterrupt lands
     wherever the main thread next checks for signals, so every try is interrupted somewhere
-    new, and afterwards the ensemble answers as a fresh one does."""
+    new, and afterwards the ensemble answers as a fresh one does. Python's own SIGINT handler
+    is in place (a host may have set another; `interrupt_main` then does nothing)."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, (
+        f"SIGINT is handled by {signal.getsignal(signal.SIGINT)!r}: a test left its handler"
+    )
     ens = Ensemble(list(shipped_members), method)
     for _ in range(2):  # the second run as every later one runs (its prompt prefix kept)
         calls = ens.generate(PROBLEMS[3].messages, CONFIG).stats.member_calls

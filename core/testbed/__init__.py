@@ -51,9 +51,7 @@ The models were trained on ReAct traces in exactly the messages this LlamaIndex 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .models import MODELS_DIR, WEAK, random_model
+from .models import MODEL_ORDER, WEAK_MODEL, model_paths, random_model
 from .real import (
     QA_KINDS,
     TOOL_KINDS,
@@ -85,21 +83,6 @@ from .task import (
 )
 from .testbeds import Testbed, testbed
 from .tool_set import TOOL_FUNCTIONS, TOOL_SPECS, calculator, call_tool
-
-# The best model first (methods use the first member as the drafter by default), then one per
-# remaining tokenizer family: bpe, spm, word.
-MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
-# A deliberately weak fourth member (an early checkpoint of tb-gpt2-bpe's run, <= 15 % on cot),
-# for measuring what a weak member costs an ensemble.
-WEAK_MODEL = WEAK.name
-
-
-def model_paths(weak: bool = False) -> list[Path]:
-    """The shipped models' directories, in a fixed order (the best model first); `weak=True`
-    adds the weak member last."""
-    names = (*MODEL_ORDER, WEAK_MODEL) if weak else MODEL_ORDER
-    return [MODELS_DIR / name for name in names]
-
 
 __all__ = [
     "ANSWER_KEYS",

@@ -182,3 +182,18 @@ def random_model(
     model.save_pretrained(out)
     save_tokenizer_files(src, out)
     return out
+
+
+# The best model first (methods use the first member as the drafter by default), then one per
+# remaining tokenizer family: bpe, spm, word.
+MODEL_ORDER = ("tb-gpt2-bpe", "tb-qwen2-spm", "tb-llama-word")
+# A deliberately weak fourth member (an early checkpoint of tb-gpt2-bpe's run, <= 15 % on cot),
+# for measuring what a weak member costs an ensemble.
+WEAK_MODEL = WEAK.name
+
+
+def model_paths(weak: bool = False) -> list[Path]:
+    """The shipped models' directories, in a fixed order (the best model first); `weak=True`
+    adds the weak member last."""
+    names = (*MODEL_ORDER, WEAK_MODEL) if weak else MODEL_ORDER
+    return [MODELS_DIR / name for name in names]

@@ -40,7 +40,7 @@ class Testbed:
             from .real_models import real_members
 
             return list(real_members())
-        from . import model_paths
+        from .models import model_paths
 
         return [str(path) for path in model_paths()]
 
