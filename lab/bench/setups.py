@@ -5,7 +5,7 @@ shape)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,21 +117,12 @@ def load_task(task: str, n: int, seed: int = 1, form: str | None = None) -> Task
             '{"prompt": ..., "answer": ...} lines.'
         )
     items = []
-    for line_no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InvalidConfigError(
-                f"{path}:{line_no} is not JSON ({error.msg}); write one "
-                '{"prompt": ..., "answer": ...} object per line.'
-            ) from error
-        if not isinstance(row, dict) or "prompt" not in row or "answer" not in row:
-            raise InvalidConfigError(f"{path}:{line_no} needs 'prompt' and 'answer' fields.")
+    for where, row in jsonl_rows(path, '{"prompt": ..., "answer": ...}'):
+        if "prompt" not in row or "answer" not in row:
+            raise InvalidConfigError(f"{where} needs 'prompt' and 'answer' fields.")
         answer = str(row["answer"]).strip()
         if not answer:
-            raise InvalidConfigError(f"{path}:{line_no} has an empty 'answer'; give the answer.")
+            raise InvalidConfigError(f"{where} has an empty 'answer'; give the answer.")
         check = answer_checker(answer)
         items.append(
             ([{"role": "user", "content": row["prompt"]}], lambda text, cut=False, c=check: c(text))
@@ -139,6 +130,23 @@ def load_task(task: str, n: int, seed: int = 1, form: str | None = None) -> Task
         if len(items) == n:
             break
     return Task(path.stem, items)
+
+
+def jsonl_rows(path: Path, shape: str) -> Iterator[tuple[str, dict]]:
+    """Each non-empty line of a JSONL file as ("file:line", object); a line that is not a JSON
+    object is a clear error that shows the `shape` each line needs."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InvalidConfigError(
+                f"{path}:{number} is not JSON ({error.msg}); write one {shape} object per line."
+            ) from error
+        if not isinstance(row, dict):
+            raise InvalidConfigError(f"{path}:{number} is not an object; write {shape}.")
+        yield f"{path}:{number}", row
 
 
 @dataclass

@@ -40,7 +40,7 @@ from core.member import Member
 
 from .phases import PhaseClock, instrumented
 from .report import write_results
-from .setups import Setup, ensemble_for, load_members, parse_setups
+from .setups import Setup, ensemble_for, jsonl_rows, load_members, parse_setups
 
 # Short questions with a one-word or one-number answer (the real pair's prompts).
 QUESTIONS = (
@@ -102,15 +102,9 @@ def load_prompts(prompts: str, n: int, seed: int) -> tuple[str, list[list[dict]]
             '{"prompt": ...} lines.'
         )
     items = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InvalidConfigError(f"{path}:{number} is not JSON ({error.msg}).") from error
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise InvalidConfigError(f'{path}:{number} needs a "prompt" string.')
+    for where, row in jsonl_rows(path, '{"prompt": ...}'):
+        if not isinstance(row.get("prompt"), str):
+            raise InvalidConfigError(f'{where} needs a "prompt" string.')
         items.append([{"role": "user", "content": row["prompt"]}])
     return path.stem, items[:n]
 
