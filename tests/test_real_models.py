@@ -16,6 +16,7 @@ import pytest
 
 from core import Ensemble, HFMember
 from core.methods import DEFAULT_METHOD
+from core.testbed import TOOL_SPECS
 from core.testbed.real_models import (
     GEMMA_STOP,
     REAL_EXTRA,
@@ -30,18 +31,7 @@ pytestmark = [
     ),
 ]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
+ADD = TOOL_SPECS["add"]  # the testbed's own spec of the tool
 ANSWER = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}},

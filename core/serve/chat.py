@@ -182,14 +182,7 @@ def _messages(body: dict, limits: Limits) -> list[dict[str, Any]]:
         )
     if not messages:
         raise bad_request("'messages' is empty; send at least one message.", "messages")
-    if len(messages) > limits.max_messages:
-        raise APIError(
-            413,
-            f"'messages' has {len(messages)} messages; at most {limits.max_messages} are "
-            "allowed (the server's --max-messages).",
-            param="messages",
-            code="too_many_messages",
-        )
+    fields.message_count(messages, limits, "messages", "messages")
     out = []
     open_calls: set[str] = set()  # the ids of the last assistant message's calls
     for index, message in enumerate(messages):

@@ -113,6 +113,18 @@ def model(body: dict, names: Sequence[str]) -> str:
     return value
 
 
+def message_count(items: list, limits: Limits, param: str, noun: str) -> None:
+    """At most `--max-messages` turns in a request (chat messages, Responses items)."""
+    if len(items) > limits.max_messages:
+        raise APIError(
+            413,
+            f"'{param}' has {len(items)} {noun}; at most {limits.max_messages} are allowed (the "
+            "server's --max-messages).",
+            param=param,
+            code="too_many_messages",
+        )
+
+
 def stop(body: dict, limits: Limits) -> tuple[str, ...]:
     value = body.get("stop")
     if value is None:

@@ -150,14 +150,7 @@ def _messages(body: dict, limits: Limits) -> list[dict[str, Any]]:
         )
     if not items:
         raise bad_request("'input' is empty; send at least one item.", "input")
-    if len(items) > limits.max_messages:
-        raise APIError(
-            413,
-            f"'input' has {len(items)} items; at most {limits.max_messages} are allowed (the "
-            "server's --max-messages).",
-            param="input",
-            code="too_many_messages",
-        )
+    fields.message_count(items, limits, "input", "items")
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
