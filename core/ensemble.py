@@ -64,6 +64,12 @@ class Ensemble:
         (`core.options`), each checked here."""
         if not members:
             raise InvalidConfigError("an ensemble needs at least one member.")
+        for member in members:
+            if not isinstance(member, Member):
+                raise InvalidConfigError(
+                    f"Ensemble(members) takes loaded members, got {member!r}; load paths, "
+                    "Local(...) and Remote(...) with Ensemble.from_pretrained([...])."
+                )
         self.options, method_options = split_options(options, RUNNING)  # as built
         seen: dict[str, int] = {}
         for member in members:  # unique names: events and stats are keyed by them

@@ -74,3 +74,11 @@ def test_a_path_and_its_string_share_one_loaded_engine(tiny_dirs):
     by_path = EnsembleLLM(models=[Path(p) for p in paths], method="token", device="cpu")
     by_text = EnsembleLLM(models=paths, method="token", device="cpu")
     assert by_path.ensemble is by_text.ensemble
+
+
+@pytest.mark.parametrize("spec", ["tb-gpt2-bpe", Remote(base_url="http://x:1/v1", model="m")])
+def test_the_constructor_takes_loaded_members_and_names_from_pretrained(spec):
+    from core import Ensemble
+
+    with pytest.raises(InvalidConfigError, match=r"Ensemble\.from_pretrained"):
+        Ensemble([spec], "single")

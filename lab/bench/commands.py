@@ -351,8 +351,9 @@ def add_commands(sub) -> None:
         "--calibrate",
         type=int,
         default=0,
-        help="--headroom: also SAFE, SpecEM and rerank on the three and the three with the "
-        "weak member after Ensemble.calibrate on this many training problems of --warmup-seed",
+        help="--headroom: also SAFE, SpecEM and rerank on the three, the three with the weak "
+        "member and the real pair after Ensemble.calibrate on the prompts of this many "
+        "problems of --warmup-seed (the testbed's training split; --task real: its --form)",
     )
     p.add_argument("--warmup-seed", type=int, default=2, help="--headroom: their seed")
     p.add_argument(

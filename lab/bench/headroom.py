@@ -16,9 +16,10 @@ Every ensemble runs as `Ensemble(members, method)` gives it: members equally wei
 learned. Optionally (`warmup`), before anything is measured, every ensemble answers `warmup`
 problems of another seed (disjoint from the measured ones) with learning on
 (`learn_weights=True`), then learning is frozen; and (`calibrate`) SAFE, SpecEM and rerank on
-the three members and on the three with the weak one get rows of their own after
-`Ensemble.calibrate` on `calibrate` training problems of that other seed (label-free trust,
-frozen). Either way each measured answer depends on its problem alone.
+the three members, on the three with the weak one, and on the real pair get rows of their own
+after `Ensemble.calibrate` on the prompts of `calibrate` problems of that other seed (the
+shipped testbed's training split; the real task's problems of the measured form), no label
+read, the trust frozen. Either way each measured answer depends on its problem alone.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def headroom_setups(
             for options in filter(None, variants):
                 shown = ", ".join(f"{k}={v}" for k, v in options.items())
                 setups.append(Setup(f"{label}: {method} ({shown})", method, options, chosen))
-            if calibrated and len(chosen) >= 3 and method in CALIBRATED_METHODS:
+            whole = len(chosen) >= 3 or len(names) == 2  # not the shipped testbed's pairs
+            if calibrated and whole and method in CALIBRATED_METHODS:
                 setups.append(Setup(f"{label}: {method}{CALIBRATED}", method, {}, chosen))
     return setups + parse_setups((), (), len(names), configs, names)
 
@@ -135,7 +137,7 @@ def run(
     setups = headroom_setups(names, methods, which, configs, calibrated=calibrate > 0)
     ensembles = {s.label: ensemble_for(members, s) for s in setups}
     config = GenerationConfig(max_new_tokens=max_new_tokens)
-    prompts = _calibration_prompts(calibrate, warmup_seed)
+    prompts = _calibration_prompts(source, form, calibrate, warmup_seed)
     weights, drafters, calibration = {}, {}, {}
     bar = _bar(progress, len(setups) * (warmup + 1), "warm-up")
     for setup in setups:
@@ -176,7 +178,11 @@ def run(
         "problems": len(task.items),
         "seed": seed,
         "warmup": {"problems": warmup, "seed": warmup_seed},
-        "calibration": {"problems": calibrate, "seed": warmup_seed, "split": "train"},
+        "calibration": {
+            "problems": calibrate,
+            "seed": warmup_seed,
+            "split": task.name if source == "real" else "train",
+        },
         "max_new_tokens": max_new_tokens,
         "members": names,
         "rows": rows,
@@ -185,12 +191,17 @@ def run(
     return write_results(out, result, markdown(rows, names, warmup, warmup_seed, calibrate))
 
 
-def _calibration_prompts(n: int, seed: int) -> list:
-    """`Ensemble.calibrate`'s prompts: n chain-of-thought training problems of `seed` (no
-    measured problem, no label used)."""
+def _calibration_prompts(source: str, form: str | None, n: int, seed: int) -> list:
+    """`Ensemble.calibrate`'s prompts, no measured problem and no label used: n problems of
+    `seed`, the real task's of the measured form (`source="real"`), else the shipped
+    testbed's chain-of-thought training problems."""
+    if not n:
+        return []
+    if source == "real":
+        return [messages for messages, _ in load_task(source, n, seed, form).items]
     from core.testbed import make_problems
 
-    return [p.messages for p in make_problems(n, seed=seed, split="train")] if n else []
+    return [p.messages for p in make_problems(n, seed=seed, split="train")]
 
 
 def _headroom_columns(rows, setups, records, names, weights, drafters) -> None:
