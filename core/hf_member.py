@@ -21,7 +21,7 @@ import torch
 
 from .batching import Pass, batcher_for
 from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
-from .local import Local, single_token_ids
+from .local import Local, single_token_ids, written_stops
 from .member import Member, RequestState
 from .vocab import Vocab, stop_logprob
 
@@ -57,6 +57,7 @@ class HFMember(Member):
         if tokenizer.eos_token_id is not None:
             eos.append(tokenizer.eos_token_id)
         self.stop_strings = tuple(stop)
+        self.stop_texts = written_stops(tokenizer, stop)
         self.stop_ids = (
             frozenset(self.vocab.special_ids) | frozenset(eos) | single_token_ids(tokenizer, stop)
         )
@@ -276,7 +277,7 @@ class HFMember(Member):
                 return got[rows[0]][None]
             return torch.stack([got[r] for r in rows])
 
-    def score(
+    def _continuation_scores(
         self,
         continuations: Sequence[str],
         *,

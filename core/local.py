@@ -131,3 +131,10 @@ def single_token_ids(tokenizer, texts) -> frozenset[int]:
     stop id of the member."""
     added = {token.content: i for i, token in tokenizer.added_tokens_decoder.items()}
     return frozenset(added[t] for t in texts if t in added)
+
+
+def written_stops(tokenizer, texts) -> tuple[str, ...]:
+    """Those stop strings a member writes as text (a base model's "\nQuestion:"), not as one
+    control token: its drafts end where it writes one, and ending a turn counts them."""
+    added = {token.content for token in tokenizer.added_tokens_decoder.values()}
+    return tuple(t for t in texts if t and t not in added)

@@ -37,6 +37,7 @@ from .errors import ContextWindowError, EnsembleError, MemberError, RequestCance
 from .grammar import Constraint, ConstraintError, GrammarViolation, Matcher, constrain
 from .kv import common_prefix
 from .sampling import Sampler
+from .stops import first_hit
 from .tools import ToolSpec
 from .vocab import Vocab, is_cut, tokenizer_lock
 
@@ -140,6 +141,7 @@ class Member(ABC):
     stop_ids: frozenset[int]
     context_window: int
     stop_strings: tuple[str, ...] = ()  # end the response as stop strings do (`Local.stop`)
+    stop_texts: tuple[str, ...] = ()  # those it writes as text, not as one control token
     gives_logits = True  # `score(raw=True)` works (a server may give log-probs only)
     state: RequestState  # everything the current request changes (fresh for each `spawn`)
     state_type: ClassVar[type[RequestState]] = RequestState  # what a request's state holds
@@ -320,12 +322,17 @@ class Member(ABC):
             keep = common_prefix(self.ids, ids)
             if state.prompt_len + len(ids) > self.context_window:
                 raise ContextOverflow(f"member {self.name!r} reached its context window")
-            self._rewind(state.prompt_len + keep)
-            state.seq = state.seq[: state.prompt_len + keep]
-            state.data = state.data[: state.ends[keep - 1] if keep else 0]
-            state.ends = state.ends[:keep]
+            self._keep_tokens(keep)
             for token in ids[keep:]:
                 self._append(token)
+
+    def _keep_tokens(self, keep: int) -> None:
+        """Keep the first `keep` response tokens (their ids, bytes and computed state)."""
+        state = self.state.sequence
+        self._rewind(state.prompt_len + keep)
+        state.seq = state.seq[: state.prompt_len + keep]
+        state.data = state.data[: state.ends[keep - 1] if keep else 0]
+        state.ends = state.ends[:keep]
 
     def _retokenize(self, data: bytes, within: int | None = None) -> tuple[list[int], list[int]]:
         """Ids and byte ends for `data`, keeping every current token before the last safe cut
@@ -381,7 +388,6 @@ class Member(ABC):
         """The model's own next-token log-probs after the first `b` response tokens, for each b:
         [len, vocab] (`logprobs` applies the request's grammar to them)."""
 
-    @abstractmethod
     def score(
         self,
         continuations: Sequence[str],
@@ -393,7 +399,42 @@ class Member(ABC):
         """Token log-probs of each continuation of `base` (default: the current text), in one
         pass. `base` may be a prefix of the current text (a drafter scoring everyone's drafts
         keeps its own draft); `ends[i]` adds the log-prob of ending the turn after
-        continuation i; `raw` gives pre-softmax logits instead of log-probs."""
+        continuation i; `raw` gives pre-softmax logits instead of log-probs.
+
+        A member given stop strings (`Local.stop`: a base model whose text template ends a
+        turn with text, "\nQuestion:") ends its turn with a stop id or by writing one of them
+        next, so ending counts both: log(P(stop id) + P(stop string)), the stop strings scored
+        in the same pass (unless `raw`, or under a grammar, which stop strings do not cut)."""
+        stops = () if raw or self.state.sequence.grammar is not None else self.stop_texts
+        ended = [i for i, end in enumerate(ends or ()) if end] if stops else []
+        if not ended:
+            return self._continuation_scores(continuations, base=base, ends=ends, raw=raw)
+        written = [continuations[i] + stop for i in ended for stop in stops]
+        values = self._continuation_scores(
+            [*continuations, *written],
+            base=base,
+            ends=[*ends, *[False] * len(written)],
+            raw=raw,
+        )
+        scores, extra = values[: len(continuations)], iter(values[len(continuations) :])
+        for i in ended:
+            own = scores[i]
+            body, end = own[:-1].sum(), own[-1]
+            for _ in stops:  # log P(continuation + stop) - log P(continuation), at most 0
+                end = torch.logaddexp(end, (next(extra).sum() - body).clamp(max=0.0))
+            scores[i] = torch.cat([own[:-1], end.reshape(1).to(own.dtype)])
+        return scores
+
+    @abstractmethod
+    def _continuation_scores(
+        self,
+        continuations: Sequence[str],
+        *,
+        base: str | None = None,
+        ends: Sequence[bool] | None = None,
+        raw: bool = False,
+    ) -> list[torch.Tensor]:
+        """`score` as the backend computes it: ending a turn is its stop ids' mass."""
 
     def drop_cache(self) -> None:
         """Forget every computed key/value; the ids stay (the recompute-everything baseline)."""
@@ -477,6 +518,7 @@ class Member(ABC):
         masked, renormalised distributions), and the turn may end only where it is complete."""
         with self._transaction("draft"):
             ids, rows, stopped = [], [], False
+            start = len(self.state.sequence.data)
             for _ in range(max_tokens):
                 if self.window_left <= 0:
                     break
@@ -488,8 +530,34 @@ class Member(ABC):
                     break
                 self._append(token)
                 ids.append(token)
+                keep = self._before_stop_string(start, len(ids))
+                if keep is not None:  # its turn ended in text: the tokens from the stop go
+                    self._keep_tokens(self.n_tokens - len(ids) + keep)
+                    ids, rows, stopped = ids[:keep], rows[: keep + 1], True
+                    break
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
+
+    def cut_at_stop(self, text: str) -> tuple[str, bool]:
+        """`text` (this member's continuation) up to the first stop string it writes as text,
+        and whether it wrote one (never under a grammar, which stop strings do not cut)."""
+        if not self.stop_texts or self.state.sequence.grammar is not None:
+            return text, False
+        hit = first_hit(text, self.stop_texts)
+        return (text, False) if hit is None else (text[:hit], True)
+
+    def _before_stop_string(self, start: int, drafted: int) -> int | None:
+        """How many of the last `drafted` tokens come before the first of this member's stop
+        strings written after byte `start` of its response (None: none written, or the request
+        has a grammar, which stop strings do not cut). A draft ends there, as its turn does."""
+        state = self.state.sequence
+        if not self.stop_texts or state.grammar is not None:
+            return None
+        found = [state.data.find(s.encode("utf-8"), start) for s in self.stop_texts]
+        hits = [at for at in found if at >= 0]
+        if not hits:
+            return None
+        return sum(end <= min(hits) for end in state.ends[len(state.ends) - drafted :])
 
     def serve(self, threads) -> None:  # noqa: B027 (a hook: nothing by default)
         """Requests of one ensemble, run on `threads` (a `core.batching.RequestThreads`), use

@@ -631,7 +631,7 @@ class RemoteMember(Member):
         base = start - self.state.sequence.prompt_len
         return self._constrained(rows, [base + j for j in range(rows.shape[0])])
 
-    def score(
+    def _continuation_scores(
         self,
         continuations: Sequence[str],
         *,

@@ -43,7 +43,7 @@ class Scripted(HFMember):
         self.state.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 
-    def score(self, continuations, *, base=None, ends=None, raw=False):
+    def _continuation_scores(self, continuations, *, base=None, ends=None, raw=False):
         """Each continuation's token log-probs from the scripts (SpecEM's verification)."""
         self.state.calls += 1
         base = self.text if base is None else base

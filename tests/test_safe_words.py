@@ -89,3 +89,30 @@ def test_sampled_words_are_reproducible_with_a_seed(tiny_members, decide):
     a, b = ens.generate(PROMPT, config), ens.generate(PROMPT, config)
     assert a.text == b.text and [e.to_dict() for e in a.events] == [e.to_dict() for e in b.events]
     _adds_up(a)
+
+
+def test_the_end_of_the_turn_is_decided_as_a_word(tiny_members):
+    """The drafter would end after "5." (0.6) or go on with " Done." (0.4); the verifier is
+    sure of " Done.": the drafter's stop is an ensemble point decided as a word, the end of
+    the turn (the empty word) against " Done.", and " Done." wins."""
+    ended, longer = "The answer is 5.", "The answer is 5. Done."
+    drafter = Scripted(tiny_members[0], [(ended, 0.6), (longer, 0.4)], "bpe-draft")
+    verifier = Scripted(tiny_members[1], [longer], "spm-verify")
+    out = Ensemble([drafter, verifier], "safe").generate(PROMPT, max_new_tokens=32)
+    assert out.text == longer and out.finish_reason == "stop"
+    assert _points(out) == [("", " Done.")]
+    _adds_up(out)
+
+
+def test_a_member_that_ends_its_turn_in_text_backs_the_drafters_stop(tiny_members):
+    """The same verifier, given " Done." as the stop string its template ends a turn with
+    (`Local(..., stop=[...])`): writing it is how it ends its turn, so it proposes the end
+    too, and the turn ends after "5."."""
+    ended, longer = "The answer is 5.", "The answer is 5. Done."
+    drafter = Scripted(tiny_members[0], [(ended, 0.6), (longer, 0.4)], "bpe-draft")
+    verifier = Scripted(tiny_members[1], [longer], "spm-verify")
+    verifier.stop_strings = verifier.stop_texts = (" Done.",)
+    out = Ensemble([drafter, verifier], "safe").generate(PROMPT, max_new_tokens=32)
+    assert out.text == ended and out.finish_reason == "stop"
+    assert _points(out) == [("", "")]
+    _adds_up(out)

@@ -46,8 +46,10 @@ WORD_TOKENS = 8  # the most tokens a member spends proposing one word
 
 
 def starts_word(position: Position) -> bool:
-    """The drafted token starts a word (its string starts with whitespace)."""
-    return position.token is not None and position.string[:1].isspace()
+    """The drafted token starts a word (its string starts with whitespace), or it is the
+    drafter's stop: the turn's end is never part of a word, so whether the turn ends there or
+    goes on with another word is decided as a word too."""
+    return position.token is None or position.string[:1].isspace()
 
 
 def word_start(draft: Draft, j: int) -> int | None:
@@ -180,12 +182,17 @@ def _drafted_word(draft: Draft, w: int) -> Proposal | None:
 
 
 def _propose(member: Member, base: str, limit: int, sampler) -> Proposal:
-    """The member's word after `base`: drafted token by token until it ends."""
+    """The member's word after `base`: drafted token by token until it ends. A member that
+    ends its turn by writing a stop string (`Local.stop`) proposes ending it there, the
+    whitespace before the stop string left out."""
     member.sync(base)
     text, ended = "", False
     for _ in range(limit):
         out = member.draft(1, sampler)
-        text = member.text[len(base) :]
+        text, written = member.cut_at_stop(member.text[len(base) :])
+        if written:
+            text, ended = text.rstrip(), True
+            break
         if out.stopped or not out.ids:
             ended = out.stopped
             break
