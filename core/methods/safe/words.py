@@ -12,7 +12,8 @@ its own tokens, with the probability each member really gives it.
 
 At an ensemble point (a position no skip rule covers):
 1. the word's start: back from the position to the last drafted token that starts with
-   whitespace (never into text committed before this draft);
+   whitespace (never into text committed before this draft); the drafter's stop starts a word
+   of its own, the empty one that ends the turn, so the end is weighed against going on;
 2. every member proposes the word there: its own continuation (the request's decoding) up to
    the end of its next word (before the first whitespace after a non-space), its stop, or
    `WORD_TOKENS` tokens; the drafter's draft is its proposal where it already holds one;
