@@ -69,6 +69,17 @@ def test_every_method_streams_what_it_generates(members, method):
     assert out.stats.tokens > 0 and out.text.strip()
 
 
+def test_the_base_models_answers_end_where_it_writes_its_stop(members):
+    """Gemma's answer in rerank's vote ends where it writes "\nQuestion:" (its turn's end in
+    its text template), marked as ending the turn, not 40 tokens of a next question later."""
+    gemma = members[1]
+    assert gemma.stop_texts == GEMMA_STOP
+    out = Ensemble(members, "rerank").generate(QUESTION, max_new_tokens=40)
+    answers = next(e.candidates for e in out.events if e.name == "segment_candidates")
+    assert GEMMA_STOP[0] not in answers[gemma.name]
+    assert out.finish_reason == "stop" and GEMMA_STOP[0] not in out.text
+
+
 def test_a_tool_call_is_valid_on_both_vocabularies(members):
     ensemble = Ensemble(members, DEFAULT_METHOD)
     question = [{"role": "user", "content": "What is 7 plus 5? Use the add tool."}]
