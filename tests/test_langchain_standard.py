@@ -85,7 +85,6 @@ EXPECTED_FAILURES = {  # method -> the tests its answers fail, as measured
         "test_unicode_tool_call_integration",
     },
     "safe": {
-        "test_tool_calling_with_no_arguments",
         "test_unicode_tool_call_integration",
         *_STRUCTURED,
     },
