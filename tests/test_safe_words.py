@@ -1,6 +1,6 @@
 """SAFE's `decide="word"` (the default) through the public API: an ensemble point decides the
 whole word it falls in, from the word's start, by every member's probability of every member's
-word; a word wins only with the others' support; the stats still add up and every verifier
+word; one member cannot veto a word the others back; the stats still add up and every verifier
 stays canonical."""
 
 from __future__ import annotations
@@ -70,15 +70,20 @@ def test_the_word_is_decided_from_its_start(tiny_members):
     _adds_up(out)
 
 
-def test_a_word_needs_the_others_support(tiny_members):
-    """Three members spell TEXT, each unsure of every token; a fourth is sure of "Tom" after
-    anything. A plain average over whole words would give the sure one's word its full share;
-    the pooled log-probability needs every member to find a word plausible, so TEXT wins."""
-    unsure = [Scripted(tiny_members[0], [TEXT], n, sure=0.45) for n in ("a", "b", "c")]
-    loud = Scripted(tiny_members[1], [], "loud", off="Tom")
-    out = Ensemble([*unsure, loud], "safe").generate(PROMPT, max_new_tokens=64)
+def test_one_member_cannot_veto_a_word_the_others_back(tiny_members):
+    """Two members back TEXT's " 5." (0.65; 0.05 for " 4.", 0.3 for " 3."); a third is sure
+    of " 4." and gives " 5." no probability. The mixture of the members' word probabilities
+    keeps " 5." (0.43 against 0.37); a geometric mean would let the third veto it."""
+    wrong = "Sara starts with 6 buttons. 6 - 1 = 4. The answer is 4."
+    other = "Sara starts with 6 buttons. 6 - 1 = 3. The answer is 3."
+    scripts = [(TEXT, 0.65), (wrong, 0.05), (other, 0.3)]
+    backing = [Scripted(tiny_members[0], scripts, n) for n in ("a", "b")]
+    sure = Scripted(tiny_members[1], [wrong], "sure")
+    out = Ensemble([*backing, sure], "safe").generate(PROMPT, max_new_tokens=64)
     assert out.text == TEXT
-    assert all(chosen != "Tom" and "Tom" not in chosen for _, chosen in _points(out))
+    assert (" 5.", " 5.") in _points(out)
+    point = next(e for e in out.events if isinstance(e, EnsemblePoint) and e.chosen == " 5.")
+    assert dict(point.top)[" 5."] > dict(point.top)[" 4."]
     _adds_up(out)
 
 
