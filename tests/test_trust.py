@@ -43,10 +43,12 @@ def trio(tiny_members):
 @pytest.fixture
 def quartet(tiny_members):
     """Three members that spell TEXT, unsure enough that SAFE never reaches consensus however
-    the weights stand (it ensembles every aligned position), and one that always says "Tom"."""
+    the weights stand (it ensembles every aligned position), and one that always says "Tom",
+    half sure of it (a member sure of a one-token word outvotes three members this unsure of a
+    two-token word in SAFE's mixture of word probabilities: README, Limitations)."""
     return [
         *(Scripted(tiny_members[0], [TEXT], n, sure=0.45) for n in ("right", "twin", "third")),
-        Scripted(tiny_members[1], [], "wrong", off="Tom"),
+        Scripted(tiny_members[1], [], "wrong", off="Tom", sure=0.5),
     ]
 
 
