@@ -405,7 +405,7 @@ class Member(ABC):
         turn with text, "\nQuestion:") ends its turn with a stop id or by writing one of them
         next, so ending counts both: log(P(stop id) + P(stop string)), the stop strings scored
         in the same pass (unless `raw`, or under a grammar, which stop strings do not cut)."""
-        stops = () if raw or self.state.sequence.grammar is not None else self.stop_texts
+        stops = () if raw else self._text_stops
         ended = [i for i, end in enumerate(ends or ()) if end] if stops else []
         if not ended:
             return self._continuation_scores(continuations, base=base, ends=ends, raw=raw)
@@ -538,26 +538,30 @@ class Member(ABC):
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
 
+    @property
+    def _text_stops(self) -> tuple[str, ...]:
+        """The stop strings this member writes as text, as they apply to the current request:
+        none under a grammar, which stop strings do not cut."""
+        return () if self.state.sequence.grammar is not None else self.stop_texts
+
     def cut_at_stop(self, text: str) -> tuple[str, bool]:
         """`text` (this member's continuation) up to the first stop string it writes as text,
-        and whether it wrote one (never under a grammar, which stop strings do not cut)."""
-        if not self.stop_texts or self.state.sequence.grammar is not None:
-            return text, False
-        hit = first_hit(text, self.stop_texts)
+        and whether it wrote one."""
+        hit = first_hit(text, self._text_stops)
         return (text, False) if hit is None else (text[:hit], True)
 
     def _before_stop_string(self, start: int, drafted: int) -> int | None:
         """How many of the last `drafted` tokens come before the first of this member's stop
-        strings written after byte `start` of its response (None: none written, or the request
-        has a grammar, which stop strings do not cut). A draft ends there, as its turn does."""
+        strings written after byte `start` of its response (None: none written). A draft ends
+        there, as its turn does."""
+        stops = self._text_stops
+        if not stops:
+            return None
         state = self.state.sequence
-        if not self.stop_texts or state.grammar is not None:
+        hit = first_hit(state.data[start:], [s.encode("utf-8") for s in stops])
+        if hit is None:
             return None
-        found = [state.data.find(s.encode("utf-8"), start) for s in self.stop_texts]
-        hits = [at for at in found if at >= 0]
-        if not hits:
-            return None
-        return sum(end <= min(hits) for end in state.ends[len(state.ends) - drafted :])
+        return sum(end <= start + hit for end in state.ends[len(state.ends) - drafted :])
 
     def serve(self, threads) -> None:  # noqa: B027 (a hook: nothing by default)
         """Requests of one ensemble, run on `threads` (a `core.batching.RequestThreads`), use

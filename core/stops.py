@@ -44,8 +44,9 @@ class StopFilter:
         return held_back
 
 
-def first_hit(buffer: str, stops: Sequence[str]) -> int | None:
-    """Where the first complete stop string in `buffer` starts."""
+def first_hit(buffer: str | bytes, stops: Sequence[str] | Sequence[bytes]) -> int | None:
+    """Where the first complete stop string in `buffer` starts (text, or bytes and byte
+    strings)."""
     hits = [i for i in (buffer.find(s) for s in stops) if i >= 0]
     return min(hits) if hits else None
 
