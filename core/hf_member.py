@@ -22,8 +22,8 @@ import torch
 from .batching import Pass, batcher_for
 from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
 from .local import Local, single_token_ids, written_stops
-from .member import Member, RequestState
-from .vocab import Vocab, stop_logprob
+from .member import Member, RequestState, token_scores
+from .vocab import Vocab
 
 _SCORING_ROOM = 64  # positions a request's row keeps free past its text for scoring passes
 
@@ -314,18 +314,11 @@ class HFMember(Member):
             for block, end in zip(blocks, ends, strict=True):
                 k = len(block)
                 predictors = torch.cat([rows[t - 1 : t], rows[offset : offset + k]])
-                scores.append(self._token_scores(predictors, block, end))
+                scores.append(token_scores(predictors, block, end, self.stop_ids))
+                if not raw:
+                    self._remember(start, block, predictors)
                 offset += k
             return scores
-
-    def _token_scores(self, predictors: torch.Tensor, block: list[int], end: bool) -> torch.Tensor:
-        """predictors[j] produced block[j]; the row after the last token scores ending there."""
-        target = torch.tensor(block, dtype=torch.long, device=predictors.device)
-        values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
-        if end:
-            stop = stop_logprob(predictors[len(block)], self.stop_ids)
-            values = torch.cat([values, stop.reshape(1).to(values.dtype)])
-        return values.cpu()
 
     def _score_each(
         self, visible: int, tail: list[int], blocks: list[list[int]], ends: list[bool], raw: bool
@@ -344,7 +337,9 @@ class HFMember(Member):
                 first, rows = rows[len(tail) - 1], rows[len(tail) :]
             self._rewind(start)
             predictors = first[None] if rows is None else torch.cat([first[None], rows])
-            scores.append(self._token_scores(predictors, block, end))
+            scores.append(token_scores(predictors, block, end, self.stop_ids))
+            if not raw:
+                self._remember(start, block, predictors)
         if first is None:  # no continuations: nothing was computed
             return scores
         self._set_last_row(first if not raw else torch.log_softmax(first, -1))

@@ -36,12 +36,26 @@ from .chat import Message, prompt_ids, raw_prompt_ids
 from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
 from .grammar import Constraint, ConstraintError, GrammarViolation, Matcher, constrain
 from .kv import common_prefix
+from .row_memo import RowMemo
 from .sampling import Sampler
 from .stops import first_hit
 from .tools import ToolSpec
-from .vocab import Vocab, is_cut, tokenizer_lock
+from .vocab import Vocab, is_cut, stop_logprob, tokenizer_lock
 
 _MAX_CUT_SCAN = 64  # tokens to look back for a cut before re-tokenizing the whole response
+
+
+def token_scores(
+    predictors: torch.Tensor, block: Sequence[int], end: bool, stop_ids: frozenset[int]
+) -> torch.Tensor:
+    """A continuation's token log-probs: `predictors[j]` (a log-prob row) produced `block[j]`;
+    with `end`, the row after the last token adds the log-prob of ending the turn there."""
+    target = torch.tensor(block, dtype=torch.long, device=predictors.device)
+    values = predictors[: len(block)].gather(1, target[:, None])[:, 0]
+    if end:
+        stop = stop_logprob(predictors[len(block)], stop_ids)
+        values = torch.cat([values, stop.reshape(1).to(values.dtype)])
+    return values.cpu()
 
 
 class ContextOverflow(ContextWindowError):
@@ -93,6 +107,7 @@ class RequestState:
     cancel: threading.Event | None = None  # once set, the next forward pass raises
     reuse: bool = True  # take and leave computed prompt prefixes (where the backend keeps any)
     depth: int = 0  # nested operations: only the outermost one is a transaction
+    rows: RowMemo = field(default_factory=RowMemo)  # rows computed, by the ids they follow
     calls: int = 0  # forward passes (or server requests) made for the request
     seconds: float = 0.0  # time spent in them
 
@@ -143,6 +158,7 @@ class Member(ABC):
     stop_strings: tuple[str, ...] = ()  # end the response as stop strings do (`Local.stop`)
     stop_texts: tuple[str, ...] = ()  # those it writes as text, not as one control token
     gives_logits = True  # `score(raw=True)` works (a server may give log-probs only)
+    full_rows = True  # its rows are whole distributions (a server may give its top-k only)
     state: RequestState  # everything the current request changes (fresh for each `spawn`)
     state_type: ClassVar[type[RequestState]] = RequestState  # what a request's state holds
 
@@ -262,6 +278,7 @@ class Member(ABC):
             keep = common_prefix(state.sequence.seq, prompt)
             old = state.sequence.cache
             state.sequence = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
+            state.rows.clear()
             self._rewind(keep)
             self._reuse(prompt)
         return len(prompt)
@@ -271,8 +288,24 @@ class Member(ABC):
     def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab].
         Under the request's grammar each row is masked to what the grammar allows there and
-        renormalised, so a method never sees a distribution the grammar has not shaped."""
-        return self._constrained(self._model_logprobs(boundaries), boundaries)
+        renormalised, so a method never sees a distribution the grammar has not shaped.
+        A row computed before for the same ids (`core.row_memo`) costs no pass."""
+        return self._constrained(self._known_rows(boundaries), boundaries)
+
+    def _known_rows(self, boundaries: Sequence[int]) -> torch.Tensor:
+        """The model's rows after each boundary: remembered ones, and the others in one call of
+        the backend (`_model_logprobs`), which are then remembered."""
+        self._check_boundaries(boundaries)
+        memo, ids = self.state.rows, self.ids
+        found = {b: memo.get(ids[:b]) for b in boundaries}
+        missing = sorted(b for b, row in found.items() if row is None)
+        if missing:
+            for b, row in zip(missing, self._model_logprobs(missing), strict=True):
+                memo.put(ids[:b], row)
+                found[b] = row
+        if len(boundaries) == 1:
+            return found[boundaries[0]][None]
+        return torch.stack([found[b] for b in boundaries])
 
     def forced(self) -> str:
         """Text the grammar forces after the current text ("" when there is a choice, or when
@@ -408,13 +441,10 @@ class Member(ABC):
         stops = () if raw else self._text_stops
         ended = [i for i, end in enumerate(ends or ()) if end] if stops else []
         if not ended:
-            return self._continuation_scores(continuations, base=base, ends=ends, raw=raw)
+            return self._scores(continuations, base, ends, raw)
         written = [continuations[i] + stop for i in ended for stop in stops]
-        values = self._continuation_scores(
-            [*continuations, *written],
-            base=base,
-            ends=[*ends, *[False] * len(written)],
-            raw=raw,
+        values = self._scores(
+            [*continuations, *written], base, [*ends, *[False] * len(written)], raw
         )
         scores, extra = values[: len(continuations)], iter(values[len(continuations) :])
         for i in ended:
@@ -424,6 +454,42 @@ class Member(ABC):
                 end = torch.logaddexp(end, (next(extra).sum() - body).clamp(max=0.0))
             scores[i] = torch.cat([own[:-1], end.reshape(1).to(own.dtype)])
         return scores
+
+    def _scores(
+        self,
+        continuations: Sequence[str],
+        base: str | None,
+        ends: Sequence[bool] | None,
+        raw: bool,
+    ) -> list[torch.Tensor]:
+        """`_continuation_scores`, a continuation whose every row is remembered (`_known_rows`)
+        scored from those rows without a pass (log-probs of whole distributions only)."""
+        if raw or not self.full_rows or not continuations:
+            return self._continuation_scores(continuations, base=base, ends=ends, raw=raw)
+        blocks, flags, start = self._continuation_blocks(continuations, base, ends)
+        memo, sequence = self.state.rows, self.state.sequence
+        before = sequence.seq[sequence.prompt_len : start]
+        known: dict[int, torch.Tensor] = {}
+        for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
+            rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
+            if rows and all(row is not None for row in rows):
+                known[i] = token_scores(torch.stack(rows), block, end, self.stop_ids)
+        rest = [i for i in range(len(continuations)) if i not in known]
+        if rest:
+            computed = self._continuation_scores(
+                [continuations[i] for i in rest], base=base, ends=[flags[i] for i in rest]
+            )
+            known.update(zip(rest, computed, strict=True))
+        return [known[i] for i in range(len(continuations))]
+
+    def _remember(self, start: int, block: Sequence[int], predictors: torch.Tensor) -> None:
+        """Keep the log-prob rows a scoring pass computed for a continuation (`predictors[k]`
+        follows its first k ids, after the sequence's first `start` ids): a member that goes on
+        from a continuation it scored (the vote's winner) needs no pass for its first row."""
+        sequence, memo = self.state.sequence, self.state.rows
+        before = sequence.seq[sequence.prompt_len : start]
+        for k, row in enumerate(predictors[: len(block) + 1]):
+            memo.put(before + list(block[:k]), row)
 
     @abstractmethod
     def _continuation_scores(

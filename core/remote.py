@@ -246,6 +246,7 @@ class RemoteMember(Member):
     """One model served over HTTP; see the module docstring for how each operation maps."""
 
     gives_logits = False
+    full_rows = False  # its next-token rows may be top-k; a score comes from prompt log-probs
     state: RemoteRequestState
     state_type = RemoteRequestState
 

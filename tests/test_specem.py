@@ -144,6 +144,7 @@ def test_fallback_without_block_mask_gives_the_same_numbers(tiny_members, family
     candidates, ends = [" 7 apples", " 12", ""], [False, True, True]
     in_line = member.score(candidates, base="Tom has", ends=ends)
     member.takes_block_mask = False
+    member.state.rows.clear()  # the rows just computed would serve the scores without a pass
     try:
         calls = member.calls
         separate = member.score(candidates, base="Tom has", ends=ends)
