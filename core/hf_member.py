@@ -22,7 +22,7 @@ import torch
 from .batching import Pass, batcher_for
 from .kv import KVPrefix, KVRow, PrefixPool, block_mask, earlier_rows_mask
 from .local import Local, single_token_ids, written_stops
-from .member import Member, RequestState, token_scores
+from .member import Member, RequestState
 from .vocab import Vocab
 
 _SCORING_ROOM = 64  # positions a request's row keeps free past its text for scoring passes
@@ -314,9 +314,7 @@ class HFMember(Member):
             for block, end in zip(blocks, ends, strict=True):
                 k = len(block)
                 predictors = torch.cat([rows[t - 1 : t], rows[offset : offset + k]])
-                scores.append(token_scores(predictors, block, end, self.stop_ids))
-                if not raw:
-                    self._remember(start, block, predictors)
+                scores.append(self._block_scores(start, block, end, predictors, raw))
                 offset += k
             return scores
 
@@ -337,9 +335,7 @@ class HFMember(Member):
                 first, rows = rows[len(tail) - 1], rows[len(tail) :]
             self._rewind(start)
             predictors = first[None] if rows is None else torch.cat([first[None], rows])
-            scores.append(token_scores(predictors, block, end, self.stop_ids))
-            if not raw:
-                self._remember(start, block, predictors)
+            scores.append(self._block_scores(start, block, end, predictors, raw))
         if first is None:  # no continuations: nothing was computed
             return scores
         self._set_last_row(first if not raw else torch.log_softmax(first, -1))

@@ -473,7 +473,7 @@ class Member(ABC):
         for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
             rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
             if rows and all(row is not None for row in rows):
-                known[i] = token_scores(torch.stack(rows), block, end, self.stop_ids)
+                known[i] = self._block_scores(start, block, end, torch.stack(rows), raw=False)
         rest = [i for i in range(len(continuations)) if i not in known]
         if rest:
             computed = self._continuation_scores(
@@ -482,14 +482,18 @@ class Member(ABC):
             known.update(zip(rest, computed, strict=True))
         return [known[i] for i in range(len(continuations))]
 
-    def _remember(self, start: int, block: Sequence[int], predictors: torch.Tensor) -> None:
-        """Keep the log-prob rows a scoring pass computed for a continuation (`predictors[k]`
-        follows its first k ids, after the sequence's first `start` ids): a member that goes on
-        from a continuation it scored (the vote's winner) needs no pass for its first row."""
+    def _block_scores(
+        self, start: int, block: Sequence[int], end: bool, predictors: torch.Tensor, raw: bool
+    ) -> torch.Tensor:
+        """One continuation's scores from its rows (`predictors[k]` follows its first k ids,
+        after the sequence's first `start` ids); log-prob rows are remembered (`_known_rows`)."""
+        if raw:
+            return token_scores(predictors, block, end, self.stop_ids)
         sequence, memo = self.state.sequence, self.state.rows
         before = sequence.seq[sequence.prompt_len : start]
         for k, row in enumerate(predictors[: len(block) + 1]):
             memo.put(before + list(block[:k]), row)
+        return token_scores(predictors, block, end, self.stop_ids)
 
     @abstractmethod
     def _continuation_scores(
