@@ -11,7 +11,8 @@ member gains weight when the OTHER verifiers prefer its draft.
 Decisions where the paper and the authors' code leave room (see the README for the reasons):
 - score: mean token log-prob under the verifier, softmax over the distinct candidates (a
   verifier's unit vote spread by geometric-mean token probability); `score="prob"` (paper v1:
-  mean token probability) and `score="logit"` (authors' code: mean raw logit) are sum-normalised.
+  mean token probability) and `score="logit"` (authors' code: mean raw logit) are sum-normalised;
+  `score="min"` (rerank's default) scores a candidate by its least likely token.
   A candidate that ended the turn includes the verifier's log-prob of ending there.
 - self-judgment: a member's scores of its own draft count in the vote (as in the authors' code),
   never in its reward.
@@ -54,7 +55,8 @@ from ..trust import hedge
 from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
 
-SCORES = ("logprob", "prob", "logit")
+SCORES = ("logprob", "prob", "logit", "min")
+SOFTMAXED = ("logprob", "min")  # scores spread over the candidates by a softmax
 
 
 def check_score(score: str, members: Sequence[Member]) -> None:
@@ -99,16 +101,21 @@ def _is_punct(char: str) -> bool:
 
 
 def normalise(values: Sequence[torch.Tensor], score: str) -> list[float]:
-    """One verifier's token scores of each distinct candidate -> shares that sum to 1."""
+    """One verifier's token scores of each distinct candidate -> shares that sum to 1.
+    "logprob": mean token log-prob, "min": the least likely token's log-prob (each softmaxed
+    over the candidates); "prob" and "logit": mean token probability or raw logit,
+    sum-normalised."""
     means = []
     for v in values:
         v = v.double()
         if v.numel() == 0:  # cannot happen for a non-empty candidate; never wins if it does
-            means.append(-1e30 if score == "logprob" else 0.0)
+            means.append(-1e30 if score in SOFTMAXED else 0.0)
+        elif score == "min":
+            means.append(max(float(v.min()), -1e30))
         else:
             means.append(float(v.exp().mean() if score == "prob" else v.mean()))
     means = torch.tensor(means, dtype=torch.float64)
-    if score == "logprob":
+    if score in SOFTMAXED:
         return torch.softmax(means, 0).tolist()
     total = float(means.sum())  # the authors' sum-normalisation (breaks on negative means)
     return (means / total).tolist() if total != 0 else [0.0] * len(values)
