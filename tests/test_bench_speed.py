@@ -16,6 +16,15 @@ from lab.bench.phases import PhaseClock
 pytestmark = needs_trained
 
 
+def test_every_step_a_breakdown_names_is_a_step_of_the_engine():
+    """A step that moved to another class would silently go untimed (its time lands in the
+    phase around it), so each is looked up where it is defined."""
+    from lab.bench.phases import _targets
+
+    for owner, attribute, _ in _targets():
+        assert attribute in owner.__dict__, f"{owner.__name__}.{attribute}"
+
+
 def test_phases_count_every_moment_once_for_the_innermost_phase():
     now = [0.0]
 

@@ -121,7 +121,6 @@ def _timed_iterator(clock: PhaseClock, iterator: Iterator, phase: str) -> Iterat
 def _targets() -> list[tuple[object, str, str]]:
     """(owner, attribute, phase): the engine's steps a breakdown tells apart."""
     from core.batching import Batcher
-    from core.hf_member import HFMember
     from core.member import Member
     from core.methods.base import Method
     from core.methods.safe import Safe
@@ -144,7 +143,7 @@ def _targets() -> list[tuple[object, str, str]]:
         (Safe, "_settle", "rollback and re-sync"),
         (SpecEM, "_draft", "draft"),
         (SpecEM, "_shares", "verify"),
-        (HFMember, "score", "verify"),
+        (Member, "score", "verify"),  # SpecEM's and rerank's votes, SAFE's word decisions
         (Member, "start", "prompt"),
         (Batcher, "run", "pass set-up"),
         (Batcher, "_call", "body"),
@@ -157,9 +156,7 @@ def instrumented(clock: PhaseClock, models: Sequence) -> Iterator[PhaseClock]:
     loaded models whose output head is timed apart from their body."""
     saved = []
     for owner, attribute, phase in _targets():
-        original = owner.__dict__.get(attribute)
-        if original is None:
-            continue
+        original = owner.__dict__[attribute]
         saved.append((owner, attribute, original))
         setattr(owner, attribute, _wrapped(clock, original, phase))
     handles = []
