@@ -43,9 +43,10 @@ class RowMemo:
     __hash__ = None  # mutable
 
     def get(self, ids: Sequence[int]) -> torch.Tensor | None:
-        row = self._rows.get(tuple(ids))
+        key = tuple(ids)
+        row = self._rows.get(key)
         if row is not None:
-            self._rows.move_to_end(tuple(ids))
+            self._rows.move_to_end(key)
         return row
 
     def put(self, ids: Sequence[int], row: torch.Tensor) -> None:
