@@ -77,10 +77,10 @@ def test_bad_options_fail_at_the_call(make_ensemble):
         make_ensemble("rerank", [0])
 
 
-def test_an_answer_counts_as_its_least_likely_token(tiny_members):
+def test_score_min_counts_an_answer_as_its_least_likely_token(tiny_members):
     """Two members differ on the number and one also says more after it: the mean over the
-    tokens lets the sure words after "13" outvote its doubt; the default vote weighs each
-    answer by its least likely token, so the number both members find likelier wins. The
+    tokens (the default) lets the sure words after "13" outvote its doubt; score="min" weighs
+    each answer by its least likely token, so the number both members find likelier wins. The
     words both answers start with ("The answer is") are not scored."""
     from scripted import Scripted
 
@@ -90,12 +90,9 @@ def test_an_answer_counts_as_its_least_likely_token(tiny_members):
     first = Scripted(tiny_members[0], [(short, 0.6), (long, 0.4)], "first")
     second = Scripted(tiny_members[0], [(long, 0.55), (short, 0.45)], "second")
     prompt = [{"role": "user", "content": "How many apples?"}]
-    out = Ensemble([first, second], "rerank").generate(prompt, max_new_tokens=32)
+    out = Ensemble([first, second], "rerank", score="min").generate(prompt, max_new_tokens=32)
     assert out.text == short
     chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
     assert chosen.scores["first"]["first"] == pytest.approx(0.6, abs=1e-3)
     assert chosen.scores["second"]["first"] == pytest.approx(0.45, abs=1e-3)
-    by_mean = Ensemble([first, second], "rerank", score="logprob").generate(
-        prompt, max_new_tokens=32
-    )
-    assert by_mean.text == long
+    assert Ensemble([first, second], "rerank").generate(prompt, max_new_tokens=32).text == long

@@ -5,23 +5,21 @@ The answer-level counterpart of SpecEM (one round whose segments are whole answe
 member continues the committed text to the end of its turn (or the token limit) from its own
 cache; each member then scores all distinct answers in ONE verify-in-line pass (`Member.score`,
 the log-prob of ending the turn included for answers that end it) and turns its scores into a
-unit vote over the answers (SpecEM's `normalise`): by default each answer counts as its least
-likely token (`score="min"`), softmaxed over the answers. The answers' totals are the members'
-votes weighted by their voting weights (equal unless given); the highest wins, ties going to
-the earlier member. The words every answer starts with are left out of the scores (they are
-read as part of the text before the answers): they are the same tokens in the same context
-for every answer, so they can only tie.
+unit vote over the answers (SpecEM's `normalise`: mean token log-prob, softmax over the
+answers, by default). The answers' totals are the members' votes weighted by their voting
+weights (equal unless given); the highest wins, ties going to the earlier member.
 
-Why the least likely token. A whole answer is mostly words every member finds easy (the
-question's own words said again: "Henry lives in"); the word that decides it (the city, the
-number) is one token among them. A mean over the tokens lets the easy ones outvote it, and
-rewards the answer that repeats most of the question: on the real pair, where each member
-prefers its own answer, the more fluent phrasing won nearly every vote whatever its content.
-Scored by its weakest token, an answer is as believable as the word it stakes. On the tuning
-problems (seed 2; each member's answer scored by every member, `lab/results/tuning-rerank-vote/`):
-the real pair's retrieval questions 45 -> 49 of 60 (members 47 and 50), its short questions
-17 -> 21 of 60 (members 20 and 11), the shipped three's chain-of-thought 161 -> 162 of 200 (best
-member 161).
+`score="min"` counts each answer as its least likely token, the words every answer starts with
+left out (read as part of the text before the answers: the same tokens in the same context for
+every answer, they would make one token every answer's weakest and tie the vote). A whole answer
+is mostly words every member finds easy (the question's own words said again: "Henry lives
+in"), and the word that decides it (the city, the number) is one token among them: the mean
+lets the easy ones outvote it, and with two members that each prefer their own answer the more
+fluent phrasing wins. Measured (`lab/results/tuning-rerank-vote/`, then README): on the real
+pair's short questions and retrieval questions "min" answers better (seed 1: 31.7 against
+26.7 %, 56.7 against 48.3 %), on the shipped chain-of-thought the same within a point, but on
+tool use worse (right final answers 23.5 against 32.5 %: a call's syntax holds tokens a member
+finds unlikely, and the weakest one decides), so it is an option, not the default.
 
 It costs every member a whole answer plus one scoring pass, so its time per output token is
 about the sum of the members' (on one device) rather than the drafter's. What it can fix is
@@ -55,12 +53,12 @@ class Answer:
 
 
 class Rerank(Method):
-    """Options: `score` ("min" | "logprob" | "prob" | "logit", as SpecEM's)."""
+    """Options: `score` ("logprob" | "min" | "prob" | "logit", as SpecEM's)."""
 
     name = "rerank"
     min_members = 2
 
-    def __init__(self, members, score: str = "min") -> None:
+    def __init__(self, members, score: str = "logprob") -> None:
         super().__init__(members)
         check_score(score, self.members)
         self.scoring = score
@@ -112,7 +110,7 @@ class Rerank(Method):
             shares = torch.ones(k, 1, dtype=torch.float64)
         else:
             request.stats.ensembled_rounds += 1
-            head = shared_words([a.text for a in answers])
+            head = shared_words([a.text for a in answers]) if self.scoring == "min" else ""
             texts, ends = [a.text[len(head) :] for a in answers], [a.ended for a in answers]
 
             def vote(member: Member) -> list[float]:

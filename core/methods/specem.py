@@ -12,7 +12,7 @@ Decisions where the paper and the authors' code leave room (see the README for t
 - score: mean token log-prob under the verifier, softmax over the distinct candidates (a
   verifier's unit vote spread by geometric-mean token probability); `score="prob"` (paper v1:
   mean token probability) and `score="logit"` (authors' code: mean raw logit) are sum-normalised;
-  `score="min"` (rerank's default) scores a candidate by its least likely token.
+  `score="min"` scores a candidate by its least likely token (see rerank).
   A candidate that ended the turn includes the verifier's log-prob of ending there.
 - self-judgment: a member's scores of its own draft count in the vote (as in the authors' code),
   never in its reward.
