@@ -19,9 +19,9 @@ pytestmark = needs_trained
 def test_every_step_a_breakdown_names_is_a_step_of_the_engine():
     """A step that moved to another class would silently go untimed (its time lands in the
     phase around it), so each is looked up where it is defined."""
-    from lab.bench.phases import _targets
+    from lab.bench.phases import timed_steps
 
-    for owner, attribute, _ in _targets():
+    for owner, attribute, _ in timed_steps():
         assert attribute in owner.__dict__, f"{owner.__name__}.{attribute}"
 
 

@@ -11,7 +11,6 @@ import torch
 
 from core import Ensemble
 from core.config import GenerationConfig
-from core.hf_member import HFMember
 from core.row_memo import RowMemo
 from core.sampling import Sampler
 
@@ -84,26 +83,23 @@ PROMPTS = [
 ]
 
 
-def _passes(monkeypatch, ens: Ensemble, remember: bool) -> tuple[list[str], int]:
-    count = [0]
-    forward = HFMember._forward
-
-    def counted(self, *args, **kwargs):
-        count[0] += 1
-        return forward(self, *args, **kwargs)
-
+def _texts_and_passes(monkeypatch, ens: Ensemble, remember: bool) -> tuple[list[str], int]:
+    """Each prompt's text and the forward passes its members made (`Member.calls`)."""
+    texts, passes = [], 0
     with monkeypatch.context() as patch:
-        patch.setattr(HFMember, "_forward", counted)
         if not remember:
             patch.setattr(RowMemo, "get", lambda self, ids: None)
-        texts = [ens.generate(p, max_new_tokens=48).text for p in PROMPTS]
-    return texts, count[0]
+        for prompt in PROMPTS:
+            stream = ens.stream(prompt, GenerationConfig(max_new_tokens=48))
+            texts.append("".join(delta.text for delta in stream))
+            passes += sum(member.calls for member in stream.members)
+    return texts, passes
 
 
 @pytest.mark.parametrize("method", ["safe", "specem"])
 def test_the_ensemble_writes_the_same_texts_with_fewer_passes(monkeypatch, make_ensemble, method):
     ens = make_ensemble(method)
-    without, passes_without = _passes(monkeypatch, ens, remember=False)
-    texts, passes = _passes(monkeypatch, ens, remember=True)
+    without, passes_without = _texts_and_passes(monkeypatch, ens, remember=False)
+    texts, passes = _texts_and_passes(monkeypatch, ens, remember=True)
     assert texts == without
     assert passes < passes_without

@@ -118,7 +118,7 @@ def _timed_iterator(clock: PhaseClock, iterator: Iterator, phase: str) -> Iterat
             close()
 
 
-def _targets() -> list[tuple[object, str, str]]:
+def timed_steps() -> list[tuple[object, str, str]]:
     """(owner, attribute, phase): the engine's steps a breakdown tells apart."""
     from core.batching import Batcher
     from core.member import Member
@@ -155,7 +155,7 @@ def instrumented(clock: PhaseClock, models: Sequence) -> Iterator[PhaseClock]:
     """The engine's steps timed by `clock` while the block runs (put back after); `models`: the
     loaded models whose output head is timed apart from their body."""
     saved = []
-    for owner, attribute, phase in _targets():
+    for owner, attribute, phase in timed_steps():
         original = owner.__dict__[attribute]
         saved.append((owner, attribute, original))
         setattr(owner, attribute, _wrapped(clock, original, phase))
