@@ -21,6 +21,14 @@ headroom() {  # the default against the ceiling: every member alone, every metho
     --max-new-tokens 128 --out "$OUT/headroom" \
     --config "bpe + spm + word: safe (token decisions)=safe:members=0+1+2,decide=token" \
     --config "bpe + spm + word: safe (GaC)=safe:members=0+1+2,aggregator=gac"
+  # rerank counting each answer as its least likely token, on every set (the rows marked ²)
+  local min=rerank:score=min
+  $BENCH --headroom --n 200 --seed 1 --threads 1 --max-new-tokens 128 --methods single \
+    --config "bpe + spm: rerank=$min,members=0+1" --config "bpe + word: rerank=$min,members=0+2" \
+    --config "spm + word: rerank=$min,members=1+2" \
+    --config "bpe + spm + word: rerank=$min,members=0+1+2" \
+    --config "bpe + spm + word + early: rerank=$min,members=0+1+2+3" \
+    --out "$OUT/headroom-rerank-min"
 }
 
 tuning() {  # how the defaults and each method's best options were chosen: held-out problems of
@@ -183,6 +191,9 @@ tool() {  # tool use: each single model and method, with the grammar and with th
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 \
     --methods single,token,safe,specem,rerank \
     --config "safe (paper preset)=safe:preset=paper" --out "$OUT/tool"
+  # rerank counting each answer as its least likely token
+  $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 --methods single \
+    --config "rerank=rerank:score=min" --out "$OUT/tool-rerank-min"
 }
 
 speed() {  # time per output token against the drafter alone, side by side in one run, and where
@@ -218,6 +229,10 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
       --max-new-tokens 48 --methods safe,specem,rerank --calibrate "$calibrate" \
       --config "safe (token decisions)=safe:decide=token" \
       --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-headroom-$form"
+    # rerank counting each answer as its least likely token (the rows marked ²)
+    $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
+      --max-new-tokens 48 --methods single --config "smollm2 + gemma: rerank=rerank:score=min" \
+      --out "$OUT/real-headroom-$form-rerank"
   done
   $BENCH --task real --form tool --n "${REAL_TOOL_N:-16}" --seed 1 --threads 1 \
     --max-new-tokens 160 --methods single,safe,specem,rerank \
