@@ -278,19 +278,13 @@ class HFMember(Member):
             return torch.stack([got[r] for r in rows])
 
     def _continuation_scores(
-        self,
-        continuations: Sequence[str],
-        *,
-        base: str | None = None,
-        ends: Sequence[bool] | None = None,
-        raw: bool = False,
+        self, blocks: list[list[int]], ends: list[bool], start: int, raw: bool
     ) -> list[torch.Tensor]:
         """Verify-in-line: all continuations after the cached prefix in ONE forward pass, each
         seeing the prefix and its own earlier tokens only (block mask, positions restarting at
-        the prefix end). Cached ids beyond `base` (a drafter's own draft) are hidden by the mask
-        and stay cached; the cache is otherwise returned to the prefix afterwards."""
+        the prefix end). Cached ids beyond the prefix (a drafter's own draft) are hidden by the
+        mask and stay cached; the cache is otherwise returned to the prefix afterwards."""
         with self._transaction("verify-in-line scoring"):
-            blocks, ends, start = self._continuation_blocks(continuations, base, ends)
             visible = min(self._cached, start - 1)  # cached positions the blocks may see
             tail = self.state.sequence.seq[visible:start]  # the prefix's uncached end (>= last id)
             if not self.takes_block_mask:

@@ -462,25 +462,27 @@ class Member(ABC):
         ends: Sequence[bool] | None,
         raw: bool,
     ) -> list[torch.Tensor]:
-        """`_continuation_scores`, a continuation whose every row is remembered (`_known_rows`)
-        scored from those rows without a pass (log-probs of whole distributions only)."""
-        if raw or not self.full_rows or not continuations:
-            return self._continuation_scores(continuations, base=base, ends=ends, raw=raw)
-        blocks, flags, start = self._continuation_blocks(continuations, base, ends)
-        memo, sequence = self.state.rows, self.state.sequence
-        before = sequence.seq[sequence.prompt_len : start]
-        known: dict[int, torch.Tensor] = {}
-        for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
-            rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
-            if rows and all(row is not None for row in rows):
-                known[i] = self._block_scores(start, block, end, torch.stack(rows), raw=False)
-        rest = [i for i in range(len(continuations)) if i not in known]
-        if rest:
-            computed = self._continuation_scores(
-                [continuations[i] for i in rest], base=base, ends=[flags[i] for i in rest]
-            )
-            known.update(zip(rest, computed, strict=True))
-        return [known[i] for i in range(len(continuations))]
+        """The continuations in this member's tokens (tokenized once, here), each scored from
+        its remembered rows where every row it needs is known (`_known_rows`; log-probs of
+        whole distributions only), the others by the backend in one call."""
+        with self._transaction("verify-in-line scoring"):
+            blocks, flags, start = self._continuation_blocks(continuations, base, ends)
+            if raw or not self.full_rows or not blocks:
+                return self._continuation_scores(blocks, flags, start, raw)
+            memo, sequence = self.state.rows, self.state.sequence
+            before = sequence.seq[sequence.prompt_len : start]
+            known: dict[int, torch.Tensor] = {}
+            for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
+                rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
+                if rows and all(row is not None for row in rows):
+                    known[i] = self._block_scores(start, block, end, torch.stack(rows), raw)
+            rest = [i for i in range(len(blocks)) if i not in known]
+            if rest:
+                computed = self._continuation_scores(
+                    [blocks[i] for i in rest], [flags[i] for i in rest], start, raw
+                )
+                known.update(zip(rest, computed, strict=True))
+            return [known[i] for i in range(len(blocks))]
 
     def _block_scores(
         self, start: int, block: Sequence[int], end: bool, predictors: torch.Tensor, raw: bool
@@ -497,14 +499,11 @@ class Member(ABC):
 
     @abstractmethod
     def _continuation_scores(
-        self,
-        continuations: Sequence[str],
-        *,
-        base: str | None = None,
-        ends: Sequence[bool] | None = None,
-        raw: bool = False,
+        self, blocks: list[list[int]], ends: list[bool], start: int, raw: bool
     ) -> list[torch.Tensor]:
-        """`score` as the backend computes it: ending a turn is its stop ids' mass."""
+        """`score` as the backend computes it, for continuations in this member's tokens:
+        `blocks[i]` follows the sequence's first `start` ids; `ends[i]` adds the log-prob of
+        ending the turn after it (its stop ids' mass)."""
 
     def drop_cache(self) -> None:
         """Forget every computed key/value; the ids stay (the recompute-everything baseline)."""

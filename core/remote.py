@@ -633,12 +633,7 @@ class RemoteMember(Member):
         return self._constrained(rows, [base + j for j in range(rows.shape[0])])
 
     def _continuation_scores(
-        self,
-        continuations: Sequence[str],
-        *,
-        base: str | None = None,
-        ends: Sequence[bool] | None = None,
-        raw: bool = False,
+        self, blocks: list[list[int]], ends: list[bool], start: int, raw: bool
     ) -> list[torch.Tensor]:
         """Token log-probs of each continuation (the same tokenization as in-process members),
         from ONE request: a prompt per continuation, `prompt_logprobs=0`."""
@@ -648,10 +643,9 @@ class RemoteMember(Member):
                 "logits; use SpecEM's score='logprob' or 'prob' with remote members."
             )
         with self._transaction("verify-in-line scoring"):
-            return self._score(continuations, base, ends)
+            return self._score(blocks, ends, start)
 
-    def _score(self, continuations, base, ends) -> list[torch.Tensor]:
-        blocks, ends, start = self._continuation_blocks(continuations, base, ends)
+    def _score(self, blocks: list[list[int]], ends: list[bool], start: int) -> list[torch.Tensor]:
         if not blocks:
             return []
         self._check_cancelled()

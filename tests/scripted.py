@@ -43,18 +43,14 @@ class Scripted(HFMember):
         self.state.calls += 1
         return torch.stack([self._row(self.ids[:b]) for b in boundaries])
 
-    def _continuation_scores(self, continuations, *, base=None, ends=None, raw=False):
+    def _continuation_scores(self, blocks, ends, start, raw):
         """Each continuation's token log-probs from the scripts (SpecEM's verification)."""
         self.state.calls += 1
-        base = self.text if base is None else base
-        prefix, scores = self.canonical_ids(base), []
-        for k, text in enumerate(continuations):
-            ids = self.canonical_ids(base + text)
-            n = 0
-            while n < min(len(prefix), len(ids)) and prefix[n] == ids[n]:
-                n += 1
-            values = [float(self._row(ids[:j])[ids[j]]) for j in range(n, len(ids))]
-            if ends is not None and ends[k]:
+        before, scores = self.state.sequence.seq[self.state.sequence.prompt_len : start], []
+        for block, end in zip(blocks, ends, strict=True):
+            ids = before + list(block)
+            values = [float(self._row(ids[:j])[ids[j]]) for j in range(len(before), len(ids))]
+            if end:
                 values.append(float(self._row(ids)[self.stop]))
             scores.append(torch.tensor(values))
         return scores
