@@ -475,7 +475,7 @@ class Member(ABC):
             for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
                 rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
                 if rows and all(row is not None for row in rows):
-                    known[i] = self._block_scores(start, block, end, torch.stack(rows), raw)
+                    known[i] = token_scores(torch.stack(rows), block, end, self.stop_ids)
             rest = [i for i in range(len(blocks)) if i not in known]
             if rest:
                 computed = self._continuation_scores(

@@ -40,7 +40,7 @@ from ..events import SegmentCandidates, SegmentSelected
 from ..member import Member
 from ..parallel import each
 from .base import Commit, Method, Request
-from .specem import check_score, normalise, win_rates
+from .specem import check_score, last_space_run, normalise, win_rates
 
 
 @dataclass
@@ -147,10 +147,7 @@ def shared_words(texts: Sequence[str]) -> str:
     """The words every text starts with: their common start, cut before its last whitespace
     run (a word and the space before it are read together), or "" when it holds no such cut."""
     common = os.path.commonprefix(list(texts))
-    for i in range(len(common) - 1, 0, -1):
-        if common[i].isspace() and not common[i - 1].isspace():
-            return common[:i]
-    return ""
+    return common[: last_space_run(common) or 0]
 
 
 def _stream(request: Request, data: bytes, ends: Sequence[int], ended: bool) -> Iterator[Commit]:

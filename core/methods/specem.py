@@ -87,13 +87,22 @@ def clean_cut(text: str) -> int:
     boundary: the whole draft."""
     if text and _is_punct(text[-1]):
         return len(text)
-    for i in range(len(text) - 1, 0, -1):
-        if text[i].isspace() and not text[i - 1].isspace():
-            return i
+    space = last_space_run(text)
+    if space is not None:
+        return space
     for i in range(len(text) - 1, 0, -1):
         if _is_punct(text[i - 1]):
             return i
     return len(text)
+
+
+def last_space_run(text: str) -> int | None:
+    """Where the last whitespace run after a non-space starts (the next word's start, its space
+    read with it), or None."""
+    for i in range(len(text) - 1, 0, -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return None
 
 
 def _is_punct(char: str) -> bool:
