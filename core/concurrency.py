@@ -64,20 +64,35 @@ def start_worker(work: Callable[[], object]) -> None:
 
 class _Handover:
     """Items passed from the worker thread to the loop. The worker appends under a lock and
-    wakes the loop only when it waits for an item: a loop busy with the last batch (writing
-    it to a socket, say) finds the next ones already there, with no wake-up call per item."""
+    wakes the loop only when it waits for items it may take: a loop busy with the last batch
+    (writing it to a socket, say) finds the next ones already there, with no wake-up call per
+    item. With `every` = N > 1 the loop takes items N at a time (the first at once, and the
+    end, or an error, with whatever came before it), so a consumer that could keep up with each
+    item still handles them in batches: one socket write per N deltas, not one per delta."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: int = 1) -> None:
         self.loop = loop
+        self.every = every
         self.lock = threading.Lock()
         self.items: list[tuple[object, BaseException | None]] = []
         self.waiter: asyncio.Future | None = None
+        self.taken = 0  # items the loop has taken so far
+
+    def _ready(self) -> bool:
+        """Whether the loop may take the items there now (call under the lock)."""
+        items = self.items
+        if not items:
+            return False
+        item, error = items[-1]
+        return len(items) >= self.every or not self.taken or item is _DONE or error is not None
 
     def put(self, item: object, error: BaseException | None = None) -> bool:
         """False when the loop is gone (nobody listens any more)."""
         with self.lock:
             self.items.append((item, error))
-            waiter, self.waiter = self.waiter, None
+            waiter = None
+            if self._ready():
+                waiter, self.waiter = self.waiter, None
         if waiter is not None:
             try:
                 self.loop.call_soon_threadsafe(_wake, waiter)
@@ -86,11 +101,12 @@ class _Handover:
         return True
 
     async def take(self) -> list[tuple[object, BaseException | None]]:
-        """Every item there is, waiting for one if need be."""
+        """The items there are, once they may be taken, waiting for them if need be."""
         while True:
             with self.lock:
-                if self.items:
+                if self._ready():
                     items, self.items = self.items, []
+                    self.taken += len(items)
                     return items
                 self.waiter = self.loop.create_future()
                 waiter = self.waiter
@@ -102,10 +118,15 @@ def _wake(waiter: asyncio.Future) -> None:
         waiter.set_result(None)
 
 
-async def iterate_in_thread(iterator: Iterator[T], batched: bool = False) -> AsyncIterator[T]:
+async def iterate_in_thread(
+    iterator: Iterator[T], batched: bool = False, every: int = 1
+) -> AsyncIterator[T]:
     """`batched`: yield lists of every item that is ready (one or more), so a consumer slower
-    than the producer (a server writing each delta to a socket) catches up in one step."""
-    handover = _Handover(asyncio.get_running_loop())
+    than the producer (a server writing each delta to a socket) catches up in one step.
+    `every` (with `batched`): lists of at least that many items, except the first list, which
+    comes as soon as there is an item, and the last, which ends with the iterator's end or
+    error."""
+    handover = _Handover(asyncio.get_running_loop(), every if batched else 1)
     stop = threading.Event()
 
     def hand_over(item: object, error: BaseException | None = None) -> None:

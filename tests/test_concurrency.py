@@ -305,3 +305,40 @@ def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(tiny_members)
     waiter.join(30)
     held.release()
     assert isinstance(raised[0], RequestCancelled) and ens.admission.running == 0
+
+
+async def test_batches_of_every_n_items_the_first_at_once_and_the_end_with_the_rest():
+    """`iterate_in_thread(batched=True, every=N)`: the first item reaches the loop alone while
+    the worker waits for it to be read, then lists of at least N items, and the last list ends
+    with what came before the iterator's end; nothing is lost, nothing reordered."""
+    from core.concurrency import iterate_in_thread
+
+    first_read = threading.Event()
+
+    def items():
+        yield 0
+        assert first_read.wait(10), "the first item was held back for a batch"
+        yield from range(1, 11)
+
+    batches = []
+    async for batch in iterate_in_thread(items(), batched=True, every=3):
+        batches.append(batch)
+        first_read.set()
+    assert batches[0] == [0]
+    assert [i for batch in batches for i in batch] == list(range(11))
+    assert all(len(batch) >= 3 for batch in batches[1:-1])
+    assert len(batches) <= 1 + -(-10 // 3)
+
+
+async def test_an_error_reaches_the_loop_with_the_items_before_it_whatever_the_batch():
+    from core.concurrency import iterate_in_thread
+
+    def items():
+        yield from range(4)
+        raise ValueError("the request failed")
+
+    seen = []
+    with pytest.raises(ValueError, match="the request failed"):
+        async for batch in iterate_in_thread(items(), batched=True, every=10):
+            seen.extend(batch)
+    assert seen == [0, 1, 2, 3]

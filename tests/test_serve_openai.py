@@ -335,3 +335,37 @@ def test_a_call_cut_by_max_tokens_comes_back_partial_as_openais_does(served, cli
         (0, cut.name, cut.partial_arguments)
     ]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_a_stream_interval_sends_fewer_larger_chunks_of_the_same_answer(shipped_members):
+    """`--stream-interval 4`: the same text, in chunks of 4 deltas (of one token each here) after
+    the first, however fast the client reads; the finish comes with the rest."""
+    from serve_helpers import running_server
+
+    from core import Ensemble
+
+    ensemble = Ensemble(list(shipped_members[:1]), "single")
+    body = {"model": "ensemble", "messages": PROBLEMS[1].messages, "max_tokens": 40}
+
+    def chunks(interval: int) -> list:
+        with running_server(lambda: ensemble, stream_interval=interval) as (url, _):
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+            return list(client.chat.completions.create(**body, stream=True))
+
+    one, four = chunks(1), chunks(4)
+    text = ["".join(c.choices[0].delta.content or "" for c in run) for run in (one, four)]
+    expected = reference(ensemble, body)
+    assert text == [expected.text, expected.text]
+    assert expected.stats.tokens > 12
+    sent = [c for c in four if c.choices[0].delta.content]
+    assert len(sent) <= 1 + -(-expected.stats.tokens // 4)  # the first, then 4 deltas a chunk
+    assert four[-1].choices[0].finish_reason == expected.finish_reason
+
+
+def test_a_stream_interval_that_is_not_a_positive_integer_is_refused():
+    from core.errors import InvalidConfigError
+    from core.serve.settings import ServeSettings
+
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(InvalidConfigError, match="stream_interval.*positive integer"):
+            ServeSettings(stream_interval=bad)

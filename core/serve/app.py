@@ -332,7 +332,8 @@ class EnsembleApp:
         def count(status: int) -> None:
             self._count(endpoint, status, started)
 
-        return await respond(http, job, stream, answer(job), self.metrics, count)
+        every = self.settings.stream_interval
+        return await respond(http, job, stream, answer(job), self.metrics, count, every)
 
 
 def _error_response(error: APIError) -> JSONResponse:

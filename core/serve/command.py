@@ -47,6 +47,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
             "threads": args.threads,
             "header_timeout": args.header_timeout,
             "body_timeout": args.body_timeout,
+            "stream_interval": args.stream_interval,
         },
         limits={name: getattr(args, name) for name in _LIMITS},
         api_keys=args.api_key,
@@ -85,6 +86,12 @@ def add_command(sub) -> None:
         "--header-timeout", type=float, default=None, help="seconds to send headers (10)"
     )
     p.add_argument("--body-timeout", type=float, default=None, help="seconds to send a body (30)")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="deltas per streamed chunk (1: each as it comes; the first and last go at once)",
+    )
     for name in _LIMITS:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     add_option_flags(p, GROUPS, SERVE_DEFAULTS)

@@ -86,10 +86,11 @@ async def respond(
     answer: Answer,
     metrics: Metrics,
     count: Callable[[int], None],
+    every: int = 1,
 ) -> Response:
     """The answer to a prepared job: the whole response, or an SSE stream (which calls
-    `count(status)` when it ends)."""
-    deltas = iterate_in_thread(stream, batched=True)  # a slow socket catches up at once
+    `count(status)` when it ends) of one chunk per `every` deltas or more (`stream_interval`)."""
+    deltas = iterate_in_thread(stream, batched=True, every=every)  # a slow socket catches up
     try:
         if not job.stream:
             batches = await _unless_gone(http, _collect(deltas), deltas.aclose)

@@ -120,6 +120,9 @@ class ServeSettings:
     threads: int | None = None  # torch CPU threads (None: torch's default)
     header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
     body_timeout: float = 30.0  # seconds a request may take to send its body
+    # deltas per streamed chunk (the first and the last at once): fewer, larger chunks cost the
+    # server less per token where tokens come faster than a reader needs them
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if not self.names or any(not isinstance(n, str) or not n for n in self.names):
@@ -133,6 +136,12 @@ class ServeSettings:
             raise InvalidConfigError(f"port {self.port} is not a TCP port (0..65535).")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidConfigError(f"threads={self.threads!r} must be a positive integer.")
+        interval = self.stream_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise InvalidConfigError(
+                f"stream_interval={interval!r} must be a positive integer (deltas per streamed "
+                "chunk; 1 sends each delta as it comes)."
+            )
         if not self.grace_seconds >= 0:
             raise InvalidConfigError(f"grace_seconds={self.grace_seconds!r} must be >= 0.")
         for name in ("header_timeout", "body_timeout"):
@@ -190,7 +199,7 @@ def read_keys(
 _TOP = {"members", "method", "options", *OPTION_NAMES}
 _SERVER = {
     "host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level", "threads",
-    "header_timeout", "body_timeout",
+    "header_timeout", "body_timeout", "stream_interval",
 }  # fmt: skip
 _LIMITS = {f.name for f in dataclasses.fields(Limits)}
 

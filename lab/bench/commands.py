@@ -116,8 +116,30 @@ def _bench_serve(args: argparse.Namespace) -> None:
     from .setups import shipped_model_paths
 
     levels = parse_levels(args.serve)
+    intervals = _stream_intervals(args.stream_intervals)
     models = args.model or shipped_model_paths()
-    _run_on_task(args, serve.run_load, models=models, levels=levels, threads=args.threads)
+    _run_on_task(
+        args,
+        serve.run_load,
+        models=models,
+        levels=levels,
+        intervals=intervals,
+        threads=args.threads,
+    )
+
+
+def _stream_intervals(text: str) -> list[int]:
+    """`--stream-intervals 1,4`: distinct positive deltas-per-chunk values, in order."""
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise InvalidConfigError(
+            f"--stream-intervals {text!r}: give comma-separated positive numbers of deltas per "
+            "streamed chunk, e.g. --stream-intervals 1,4."
+        )
+    return values
 
 
 def _bench_headroom(args: argparse.Namespace) -> None:
@@ -330,6 +352,13 @@ def add_commands(sub) -> None:
         metavar="LEVELS",
         help="e.g. 1,8,32: every method served over HTTP (a server process, a pool of streaming "
         "clients) against the same requests in process, at each number of concurrent clients",
+    )
+    p.add_argument(
+        "--stream-intervals",
+        default="1",
+        metavar="N,...",
+        help="--serve: each method's server with each of these --stream-interval values "
+        "(deltas per streamed chunk), e.g. 1,4",
     )
     p.add_argument(
         "--headroom",

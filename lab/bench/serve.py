@@ -110,7 +110,12 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 @contextlib.contextmanager
 def server_process(
-    models: Sequence[str], setup: Setup, max_concurrency: int, threads: int | None, log: Path
+    models: Sequence[str],
+    setup: Setup,
+    max_concurrency: int,
+    threads: int | None,
+    log: Path,
+    stream_interval: int = 1,
 ) -> Iterator[tuple[str, int]]:
     """`llm-ensembling serve` for one setup, in its own process (yields its URL and pid);
     stopped with SIGTERM (which must end it with exit status 0)."""
@@ -126,7 +131,8 @@ def server_process(
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
         file.write("\n".join(lines) + "\n")
     command = [sys.executable, "-m", "core.cli", "serve", "--config", file.name,
-               "--port", str(port), "--log-level", "warning"]  # fmt: skip
+               "--port", str(port), "--log-level", "warning",
+               "--stream-interval", str(stream_interval)]  # fmt: skip
     if threads:
         command += ["--threads", str(threads)]
     root = Path(__file__).resolve().parents[2]
@@ -222,16 +228,19 @@ def run_load(
     threads: int | None,
     out: str,
     command: str,
+    intervals: Sequence[int] = (1,),
 ) -> dict:
     rows: list[dict] = []
     same: dict[str, dict[int, int]] = {}
     log = Path(out) / "servers.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    for setup in setups:
+    for setup, interval in [(s, i) for s in setups for i in intervals]:
         ensemble = ensemble_for(members, setup, max_concurrency=max(levels))
-        same[setup.label] = {}
-        with server_process(models, setup, max(levels), threads, log) as (url, pid):
+        label = setup.label if interval == 1 else f"{setup.label}, stream interval {interval}"
+        same[label] = {}
+        served = server_process(models, setup, max(levels), threads, log, interval)
+        with served as (url, pid):
             for k, level in enumerate(levels):
                 texts = {}
                 for mode in ("http", "process") if k % 2 == 0 else ("process", "http"):
@@ -243,12 +252,12 @@ def run_load(
                         wall, samples = _process_block(ensemble, items, level, max_new_tokens)
                         cpu, client = cpu_seconds() - mine, None
                     texts[mode] = [s["text"] for s in samples]
-                    rows.append(_row(setup.label, level, mode, wall, samples, cpu, client))
-                same[setup.label][level] = sum(
+                    rows.append(_row(label, level, mode, wall, samples, cpu, client))
+                same[label][level] = sum(
                     a == b for a, b in zip(texts["http"], texts["process"], strict=True)
                 )
                 speeds = {r["mode"]: r["tokens_per_s"] for r in rows[-2:]}
-                print(f"{setup.label} x{level}: HTTP {speeds['http']:.0f}, in process "
+                print(f"{label} x{level}: HTTP {speeds['http']:.0f}, in process "
                       f"{speeds['process']:.0f} tokens/s", flush=True)  # fmt: skip
     result = {
         "command": command, "task": task, "requests": len(items), "levels": list(levels),

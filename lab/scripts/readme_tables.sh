@@ -210,7 +210,8 @@ speed() {  # time per output token against the drafter alone, side by side in on
 
 serve() {  # every method served over HTTP against the same requests in process; then the soak
   # over HTTP (malformed, abandoned and faulted requests; every answer checked)
-  $BENCH --serve 1,8,32 --n 32 --threads 1 --max-new-tokens 32 --out "$OUT/serve/load"
+  $BENCH --serve 1,8,32 --n 32 --threads 1 --max-new-tokens 32 --stream-intervals 1,8 \
+    --out "$OUT/serve/load"
   $CLI soak --serve --requests 1000 --threads 1 --tasks 8 --out "$OUT/serve/soak"
 }
 
