@@ -197,10 +197,9 @@ def read_keys(
 
 
 _TOP = {"members", "method", "options", *OPTION_NAMES}
-_SERVER = {
-    "host", "port", "names", "api_keys", "api_key_file", "grace_seconds", "log_level", "threads",
-    "header_timeout", "body_timeout", "stream_interval",
-}  # fmt: skip
+# the [server] table: ServeSettings' own fields, and where to read the keys from
+_SERVER = {f.name for f in dataclasses.fields(ServeSettings)} - {"ensemble", "limits"}
+_SERVER |= {"api_key_file"}
 _LIMITS = {f.name for f in dataclasses.fields(Limits)}
 
 
