@@ -73,6 +73,12 @@ def test_speed_benchmark_measures_ratios_and_breakdowns_side_by_side(tmp_path):
         assert part["passes"]["draft"] >= part["tokens"] - 2  # one draft step per token or so
     verifying = next(b for b in data["breakdowns"] if b["label"] == "safe (default)")
     assert "verify · body" in verifying["wall"] and verifying["passes"]["verify"] >= 1
+    drafter = next(iter(verifying["member_passes"]))  # every pass counted once, by member
+    assert drafter == "tb-gpt2-bpe"
+    assert verifying["member_passes"][drafter]["draft"] >= verifying["tokens"] - 2
+    assert sum(sum(asked.values()) for asked in verifying["member_passes"].values()) == sum(
+        verifying["passes"].values()
+    )
     table = (out / "results.md").read_text()
     assert "| safe (default) |" in table and "| draft · body |" in table
 

@@ -17,7 +17,8 @@ import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 # Phases that name work inside a forward pass: reported per the phase that asked for the pass.
 _INSIDE_PASS = ("body", "head", "pass set-up")
@@ -31,6 +32,7 @@ class PhaseClock:
         self.wall: Counter[str] = Counter()
         self.cpu: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()  # times each phase was entered
+        self.passes: Counter[tuple[str, str]] = Counter()  # (member, asking phase) -> passes
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -50,6 +52,13 @@ class PhaseClock:
                 self.wall[name] += wall - mark[0]
                 self.cpu[name] += cpu - mark[1]
         mark[:] = [wall, cpu]
+
+    def count_pass(self, member: str) -> None:
+        """One forward pass of `member`'s model, for the phase that asked for it."""
+        stack = self._state()[0]
+        asker = next((s for s in reversed(stack) if s not in _INSIDE_PASS), "other")
+        with self._lock:
+            self.passes[member, asker] += 1
 
     @staticmethod
     def _name(stack: list[str]) -> str:
@@ -83,6 +92,7 @@ class PhaseClock:
             self.wall.clear()
             self.cpu.clear()
             self.calls.clear()
+            self.passes.clear()
 
 
 def _wrapped(clock: PhaseClock, function, phase: str):
@@ -151,16 +161,21 @@ def timed_steps() -> list[tuple[object, str, str]]:
 
 
 @contextlib.contextmanager
-def instrumented(clock: PhaseClock, models: Sequence) -> Iterator[PhaseClock]:
+def instrumented(clock: PhaseClock, models: Mapping[str, Any]) -> Iterator[PhaseClock]:
     """The engine's steps timed by `clock` while the block runs (put back after); `models`: the
-    loaded models whose output head is timed apart from their body."""
+    loaded models by member name, whose output head is timed apart from their body and whose
+    forward passes are counted per member and asking phase."""
     saved = []
     for owner, attribute, phase in timed_steps():
         original = owner.__dict__[attribute]
         saved.append((owner, attribute, original))
         setattr(owner, attribute, _wrapped(clock, original, phase))
-    handles = []
-    for model in {id(m): m for m in models}.values():
+    handles, names = [], {}
+    for name, model in models.items():  # a model two members share is counted once, for both
+        names.setdefault(id(model), (model, []))[1].append(name)
+    for model, shared in names.values():
+        counted = functools.partial(lambda name, *_: clock.count_pass(name), " / ".join(shared))
+        handles.append(model.register_forward_pre_hook(counted))
         head = model.get_output_embeddings()
         if head is not None:
             handles.append(head.register_forward_pre_hook(lambda *_: clock.enter("head")))

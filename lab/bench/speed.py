@@ -133,6 +133,7 @@ class Breakdown:
     wall: dict[str, float] = field(default_factory=dict)  # phase -> seconds
     cpu: dict[str, float] = field(default_factory=dict)
     passes: dict[str, int] = field(default_factory=dict)  # asker -> forward passes
+    member_passes: dict[str, dict[str, int]] = field(default_factory=dict)  # member: asker: n
 
 
 def _run(ensemble, messages, config) -> tuple[float, float, object]:
@@ -176,7 +177,18 @@ def breakdown(label: str, ensemble, prompts: Sequence, config, models) -> Breakd
     for phase in clock.wall:
         if phase.endswith(" · body"):
             passes[phase.removesuffix(" · body")] = clock.calls.get(phase, 0)
-    return Breakdown(label, tokens, seconds, dict(clock.wall), dict(clock.cpu), dict(passes))
+    order = {name: i for i, name in enumerate(models)}  # the members' order, drafter first
+
+    def place(item):
+        (member, asker), _ = item
+        return order.get(member, len(order)), member, asker
+
+    by_member: dict[str, dict[str, int]] = {}
+    for (member, asker), count in sorted(clock.passes.items(), key=place):
+        by_member.setdefault(member, {})[asker] = count
+    return Breakdown(
+        label, tokens, seconds, dict(clock.wall), dict(clock.cpu), dict(passes), by_member
+    )
 
 
 def summarise(labels: Sequence[str], runs: Sequence[Timed]) -> list[dict]:
@@ -266,6 +278,14 @@ def breakdown_table(b: dict) -> list[str]:
         "with its steps timed; forward passes per output token: "
         + ", ".join(f"{k} {v / tokens:.2f}" for k, v in sorted(b["passes"].items())),
         "",
+        "forward passes per output token by member (and the step that asked): "
+        + "; ".join(
+            f"{member} {sum(asked.values()) / tokens:.2f} ("
+            + ", ".join(f"{k} {v / tokens:.2f}" for k, v in asked.items())
+            + ")"
+            for member, asked in b.get("member_passes", {}).items()
+        ),
+        "",
         "| phase | wall ms/token | share | CPU ms/token |",
         "|---|---|---|---|",
     ]
@@ -306,7 +326,7 @@ def run(
     runs = timed_rounds(ensembles, prompts, config, rounds, bar)
     if bar is not None:
         bar.close()
-    models = [m.model for m in members if getattr(m, "model", None) is not None]
+    models = {m.name: m.model for m in members if getattr(m, "model", None) is not None}
     parts = [breakdown(label, e, prompts, config, models) for label, e in ensembles.items()]
     result = {
         "command": command,
