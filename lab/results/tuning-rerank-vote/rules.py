@@ -2,6 +2,10 @@
 rule answers right (the first K members; duplicate answers counted once).
 
     python lab/results/tuning-rerank-vote/rules.py votes-real-rag.json.gz [K]
+    python lab/results/tuning-rerank-vote/rules.py votes-real-rag.json.gz 2 --scales
+
+`--scales`: the second member's log-probs scaled by a factor before its softmax (mean, min and
+sum of an answer's token log-probs), for the balance of two judges' voices (results.md).
 """
 
 import gzip
@@ -90,7 +94,22 @@ def right(data, rule, members, stripped=False) -> int:
     return count
 
 
-def main(path: str, members: int | None) -> None:
+def scaled(scale: float, score):
+    """Each judge's softmax over the answers' scores, the second judge's scores times `scale`."""
+
+    def rule(scores, own):
+        return sum(
+            softmax([(scale if j == 1 else 1.0) * score(t) for t in row])
+            for j, row in enumerate(scores)
+        )
+
+    return rule
+
+
+SCALES = (0.5, 1, 1.5, 2, 3, 5, 10)
+
+
+def main(path: str, members: int | None, scales: bool = False) -> None:
     with gzip.open(path) if path.endswith(".gz") else open(path) as file:
         data = json.load(file)
     alone = [
@@ -98,10 +117,18 @@ def main(path: str, members: int | None) -> None:
     ]
     ceiling = sum(any(a[2] for a in p["answers"][:members]) for p in data)
     print(f"members alone {alone}, ceiling {ceiling}, of {len(data)}")
+    if scales:
+        for name, score in (("mean", np.mean), ("min", min), ("sum", sum)):
+            counts = [right(data, scaled(scale, score), members) for scale in SCALES]
+            print(
+                f"{name:5s}", "  ".join(f"x{a}: {c}" for a, c in zip(SCALES, counts, strict=True))
+            )
+        return
     for rule in RULES:
         plain, stripped = right(data, rule, members), right(data, rule, members, stripped=True)
         print(f"{rule.__name__:14s} {plain:4d}   shared first tokens left out: {stripped}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    members = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    main(sys.argv[1], members, "--scales" in sys.argv[3:])
