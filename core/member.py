@@ -581,14 +581,18 @@ class Member(ABC):
             raise ContextOverflow(f"a branch does not fit member {self.name!r}'s window")
         return branches
 
-    def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
+    def draft(self, max_tokens: int, sampler: Sampler, guess: str = "") -> Draft:
         """Continue the current text by up to `max_tokens` tokens, appending them. Under a
         grammar every step draws from the allowed tokens only (the rows returned are those
-        masked, renormalised distributions), and the turn may end only where it is complete."""
+        masked, renormalised distributions), and the turn may end only where it is complete.
+        `guess`: text this member may well write next (another member's draft of the same
+        continuation); a greedy draft reads its rows along the guess in one pass and keeps the
+        guessed tokens it picks itself, drafting on from the first it does not (`_guessed`)."""
         with self._transaction("draft"):
-            ids, rows, stopped = [], [], False
             start = len(self.state.sequence.data)
-            for _ in range(max_tokens):
+            ids, rows = self._guessed(guess, max_tokens, sampler) if guess else ([], [])
+            stopped = False
+            for _ in range(max_tokens - len(ids)):
                 if self.window_left <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
@@ -606,6 +610,39 @@ class Member(ABC):
                     break
             logprobs = torch.stack(rows) if rows else torch.empty(0, self.vocab.size)
             return Draft(ids, logprobs, stopped)
+
+    def _guessed(
+        self, guess: str, max_tokens: int, sampler: Sampler
+    ) -> tuple[list[int], list[torch.Tensor]]:
+        """The guessed tokens this member's own greedy draft starts with, and their rows: the
+        guess in this member's tokens is read in one pass (its rows are remembered, so the next
+        step, and a later score of the guess, cost none), and kept up to the first token the
+        member would not pick there. Only where a draft picks each token from its row alone: a
+        greedy draft with no grammar and no stop string to watch for. A guess that would
+        re-spell the current tokens is not read."""
+        budget = min(max_tokens, self.window_left)
+        if not sampler.greedy or budget <= 0 or self._text_stops:
+            return [], []
+        if self.state.sequence.grammar is not None:
+            return [], []
+        before = self.ids
+        n = len(before)
+        try:
+            self.sync(self.text + guess)
+        except ContextOverflow:  # the whole guess does not fit: it is drafted step by step
+            return [], []
+        guessed = self.ids[n : n + budget]
+        if self.ids[:n] != before or not guessed:
+            self.sync_ids(before)
+            return [], []
+        self._keep_tokens(n + len(guessed))
+        ends = range(n, n + len(guessed) + (len(guessed) < budget))  # and the row after them
+        rows = list(self.logprobs(list(ends)).unbind(0))
+        kept = 0
+        while kept < len(guessed) and sampler.pick(rows[kept]) == guessed[kept]:
+            kept += 1
+        self._keep_tokens(n + kept)
+        return guessed[:kept], rows[:kept]
 
     @property
     def _text_stops(self) -> tuple[str, ...]:

@@ -97,3 +97,15 @@ def each(
     if errors:
         raise errors[min(errors)]
     return results
+
+
+def draft_each(members: Sequence[Member], limit: int, sampler: Sampler, committed: str) -> list:
+    """Every member's draft of the same continuation of `committed` (`Member.draft`, up to
+    `limit` tokens each), in member order. Members that run one after another on the same
+    place, drafting greedily, read the first member's draft as a guess of their own: the same
+    drafts, with one forward pass for the stretch where a member agrees with it."""
+    if overlaps(members) or not sampler.greedy:
+        return each(members, lambda m, s: m.draft(limit, s), sampler)
+    first = members[0].draft(limit, sampler)
+    guess = members[0].text[len(committed) :]
+    return [first] + [m.draft(limit, sampler, guess=guess) for m in members[1:]]

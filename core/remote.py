@@ -557,7 +557,8 @@ class RemoteMember(Member):
                 self.state.sequence.cache = {**kept, **dict(zip(missing, rows, strict=True))}
             return torch.stack([self._rows[n] for n in ends])
 
-    def draft(self, max_tokens: int, sampler: Sampler) -> Draft:
+    def draft(self, max_tokens: int, sampler: Sampler, guess: str = "") -> Draft:
+        """The server drafts all `max_tokens` in one call, so a `guess` saves nothing here."""
         with self._transaction("draft"):
             return self._draft(max_tokens, sampler)
 

@@ -49,7 +49,7 @@ from ..config import GenerationConfig
 from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
 from ..member import Member
-from ..parallel import each
+from ..parallel import draft_each, each
 from ..sampling import Sampler
 from ..trust import hedge
 from ..validate import check_bool, check_int, check_real
@@ -368,7 +368,7 @@ class SpecEM(Method):
         final = request.remaining <= self.segment_tokens  # the cap ends the text here anyway
         found: dict[tuple[str, bool], _Candidate] = {}
         drafters = [self.members[i] for i in self.drafters]
-        drafts = each(drafters, lambda m, s: m.draft(limit, s), sampler)
+        drafts = draft_each(drafters, limit, sampler, request.text)
         for a, (member, draft) in enumerate(zip(drafters, drafts, strict=True)):
             text = member.text[len(request.text) :]
             if not (draft.stopped or final or len(draft.ids) < limit):
