@@ -220,7 +220,7 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # alone, every method at its defaults and best options, SAFE with next-token decisions and as
   # published; on rag also SAFE, SpecEM and rerank after Ensemble.calibrate on the prompts of 12
   # rag problems of seed 2: on qa prompts calibration leaves the weights equal), then tool use.
-  # Problems per form: 60 qa, 60 rag, 16 tool (REAL_QA_N, REAL_RAG_N,
+  # Problems per form: 60 qa, 60 rag, 40 tool (REAL_QA_N, REAL_RAG_N,
   # REAL_TOOL_N choose others). Not part of `all`: it needs the real extra.
   local form n calibrate
   for form in qa rag; do
@@ -235,7 +235,7 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
       --max-new-tokens 48 --methods single --config "smollm2 + gemma: rerank=rerank:score=min" \
       --out "$OUT/real-headroom-$form-rerank"
   done
-  $BENCH --task real --form tool --n "${REAL_TOOL_N:-16}" --seed 1 --threads 1 \
+  $BENCH --task real --form tool --n "${REAL_TOOL_N:-40}" --seed 1 --threads 1 \
     --max-new-tokens 160 --methods single,safe,specem,rerank \
     --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-tool"
 }
