@@ -621,9 +621,8 @@ class Member(ABC):
         greedy draft with no grammar and no stop string to watch for. A guess that would
         re-spell the current tokens is not read."""
         budget = min(max_tokens, self.window_left)
-        if not sampler.greedy or budget <= 0 or self._text_stops:
-            return [], []
-        if self.state.sequence.grammar is not None:
+        grammar = self.state.sequence.grammar
+        if not sampler.greedy or budget <= 0 or self._text_stops or grammar is not None:
             return [], []
         before = self.ids
         n = len(before)
