@@ -130,11 +130,10 @@ def _bench_serve(args: argparse.Namespace) -> None:
 
 def _stream_intervals(text: str) -> list[int]:
     """`--stream-intervals 1,4`: distinct positive deltas-per-chunk values, in order."""
-    try:
-        values = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        values = []
-    if not values or values[0] < 1:
+    from .concurrency import positive_counts
+
+    values = positive_counts(text)
+    if not values:
         raise InvalidConfigError(
             f"--stream-intervals {text!r}: give comma-separated positive numbers of deltas per "
             "streamed chunk, e.g. --stream-intervals 1,4."

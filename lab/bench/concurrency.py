@@ -51,13 +51,19 @@ GOAL_OF_BOUND = 0.85  # speed-up at GOAL_LEVEL over one at a time, as a share of
 GOAL_P50 = 1.2  # p50 latency at GOAL_LEVEL, times the bare models' time for a batch of that size
 
 
+def positive_counts(text: str) -> list[int]:
+    """Comma-separated counts, distinct and sorted; [] when one is not a positive integer."""
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        return []
+    return counts if counts and counts[0] >= 1 else []
+
+
 def parse_levels(text: str) -> list[int]:
     """`--concurrency 1,2,4,8,16`: distinct positive levels, 1 among them (the reference)."""
-    try:
-        levels = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        levels = []
-    if not levels or levels[0] < 1 or 1 not in levels:
+    levels = positive_counts(text)
+    if 1 not in levels:
         raise InvalidConfigError(
             f"--concurrency {text!r}: give comma-separated request counts including 1 (the "
             "one-at-a-time reference), e.g. --concurrency 1,2,4,8,16."

@@ -55,8 +55,7 @@ class PhaseClock:
 
     def count_pass(self, member: str) -> None:
         """One forward pass of `member`'s model, for the phase that asked for it."""
-        stack = self._state()[0]
-        asker = next((s for s in reversed(stack) if s not in _INSIDE_PASS), "other")
+        asker = _asker(self._state()[0])
         with self._lock:
             self.passes[member, asker] += 1
 
@@ -65,8 +64,7 @@ class PhaseClock:
         top = stack[-1]
         if top not in _INSIDE_PASS:
             return top
-        asker = next((s for s in reversed(stack) if s not in _INSIDE_PASS), "other")
-        return f"{asker} · {top}"
+        return f"{_asker(stack)} · {top}"
 
     def enter(self, phase: str) -> None:
         self._settle()
@@ -93,6 +91,11 @@ class PhaseClock:
             self.cpu.clear()
             self.calls.clear()
             self.passes.clear()
+
+
+def _asker(stack: list[str]) -> str:
+    """The innermost open phase that is not work inside a pass: the step that asked for it."""
+    return next((s for s in reversed(stack) if s not in _INSIDE_PASS), "other")
 
 
 def _wrapped(clock: PhaseClock, function, phase: str):
