@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from starlette.background import BackgroundTask
@@ -106,8 +106,15 @@ async def respond(
         body,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        background=BackgroundTask(body.aclose),  # a client that left closes it here
+        background=BackgroundTask(_close, body),  # a client that left closes it here
     )
+
+
+async def _close(body: AsyncGenerator[bytes, None]) -> None:
+    """Close an answer's stream on the loop (Starlette runs a callable that is not a coroutine
+    function, as an async generator's bound `aclose` is not, on a pool thread, where the
+    awaitable it returns would never be awaited)."""
+    await body.aclose()
 
 
 def merged(deltas: Sequence[Delta]) -> Delta:
