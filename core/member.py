@@ -591,6 +591,12 @@ class Member(ABC):
         with self._transaction("draft"):
             start = len(self.state.sequence.data)
             ids, rows = self._guessed(guess, max_tokens, sampler) if guess else ([], [])
+            before = self.n_tokens - len(ids)
+            for count in range(1, len(ids) + 1):  # each guessed token, as the loop checks each
+                keep = self._before_stop_string(start, count, before + count)
+                if keep is not None:
+                    self._keep_tokens(before + keep)
+                    return Draft(ids[:keep], torch.stack(rows[: keep + 1]), True)
             stopped = False
             for _ in range(max_tokens - len(ids)):
                 if self.window_left <= 0:
@@ -617,12 +623,12 @@ class Member(ABC):
         """The guessed tokens this member's own greedy draft starts with, and their rows: the
         guess in this member's tokens is read in one pass (its rows are remembered, so the next
         step, and a later score of the guess, cost none), and kept up to the first token the
-        member would not pick there. Only where a draft picks each token from its row alone: a
-        greedy draft with no grammar and no stop string to watch for. A guess that would
-        re-spell the current tokens is not read."""
+        member would not pick there, or to a stop token (the draft's own step ends there). Only
+        where a draft picks each token from its row alone: a greedy draft with no grammar (a stop
+        string written inside the kept tokens is found by `draft`, as its loop finds one). A
+        guess that would re-spell the current tokens is not read."""
         budget = min(max_tokens, self.window_left)
-        grammar = self.state.sequence.grammar
-        if not sampler.greedy or budget <= 0 or self._text_stops or grammar is not None:
+        if not sampler.greedy or budget <= 0 or self.state.sequence.grammar is not None:
             return [], []
         before = self.ids
         n = len(before)
@@ -638,7 +644,11 @@ class Member(ABC):
         ends = range(n, n + len(guessed) + (len(guessed) < budget))  # and the row after them
         rows = list(self.logprobs(list(ends)).unbind(0))
         kept = 0
-        while kept < len(guessed) and sampler.pick(rows[kept]) == guessed[kept]:
+        while (
+            kept < len(guessed)
+            and guessed[kept] not in self.stop_ids
+            and sampler.pick(rows[kept]) == guessed[kept]
+        ):
             kept += 1
         self._keep_tokens(n + kept)
         return guessed[:kept], rows[:kept]
@@ -655,18 +665,23 @@ class Member(ABC):
         hit = first_hit(text, self._text_stops)
         return (text, False) if hit is None else (text[:hit], True)
 
-    def _before_stop_string(self, start: int, drafted: int) -> int | None:
-        """How many of the last `drafted` tokens come before the first of this member's stop
-        strings written after byte `start` of its response (None: none written). A draft ends
-        there, as its turn does."""
+    def _before_stop_string(self, start: int, drafted: int, upto: int | None = None) -> int | None:
+        """How many of the `drafted` tokens that end with response token `upto` (default: the
+        last) come before the first of this member's stop strings written after byte `start` of
+        its response and before that token's end (None: none written). A draft ends there, as
+        its turn does."""
         stops = self._text_stops
         if not stops:
             return None
         state = self.state.sequence
-        hit = first_hit(state.data[start:], [s.encode("utf-8") for s in stops])
+        if upto is None:
+            upto, written = len(state.ends), state.data[start:]
+        else:
+            written = state.data[start : state.ends[upto - 1]]
+        hit = first_hit(written, [s.encode("utf-8") for s in stops])
         if hit is None:
             return None
-        return sum(end <= start + hit for end in state.ends[len(state.ends) - drafted :])
+        return sum(end <= start + hit for end in state.ends[upto - drafted : upto])
 
     def serve(self, threads) -> None:  # noqa: B027 (a hook: nothing by default)
         """Requests of one ensemble, run on `threads` (a `core.batching.RequestThreads`), use

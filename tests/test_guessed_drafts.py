@@ -45,6 +45,35 @@ def test_a_guessed_draft_is_the_plain_draft_in_fewer_passes(shipped_members, fam
     assert saved > 0  # the members agree on some stretches of these answers
 
 
+@pytest.mark.parametrize("family", [0, 1, 2], ids=["bpe", "spm", "word"])
+def test_a_stop_string_inside_a_guess_ends_the_draft_where_the_plain_draft_ends(
+    shipped_members, family
+):
+    """A member that ends its turn with a stop string written as text (a base model's template,
+    `Local(..., stop=[...])`) reads a guess too: the stop is found inside the guessed tokens
+    where the step-by-step draft finds it."""
+    saved = 0
+    for problem in PROBLEMS:
+        free = _view(shipped_members[family], problem.messages)
+        free.draft(12, Sampler(GREEDY))
+        written = free.text
+        stop = " " + written.split()[2]  # a word it writes, so its draft ends there
+
+        plain = _view(shipped_members[family], problem.messages)
+        plain.stop_strings = plain.stop_texts = (stop,)
+        alone = plain.draft(12, Sampler(GREEDY))
+        guessed = _view(shipped_members[family], problem.messages)
+        guessed.stop_strings = guessed.stop_texts = (stop,)
+        helped = guessed.draft(12, Sampler(GREEDY), guess=written)
+
+        assert alone.stopped
+        assert (helped.ids, helped.stopped, guessed.text) == (alone.ids, alone.stopped, plain.text)
+        assert torch.allclose(helped.logprobs, alone.logprobs, atol=1e-4)
+        assert guessed.calls <= plain.calls
+        saved += plain.calls - guessed.calls
+    assert saved > 0
+
+
 def test_a_guess_the_member_rejects_at_once_or_cannot_read_changes_nothing(shipped_members):
     messages = PROBLEMS[0].messages
     plain = _view(shipped_members[1], messages, "Sara")
