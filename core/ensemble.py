@@ -315,7 +315,10 @@ class Ensemble:
         cancel = threading.Event()
         members = [m.spawn(cancel, self.options.prefix_reuse) for m in self.members]
         algorithm = self.algorithm.bind(members)
-        request = Request(config, Sampler(config), on_event=on_event)
+        admission = self.admission
+        request = Request(
+            config, Sampler(config), on_event=on_event, alone=lambda: admission.running <= 1
+        )
         if len(algorithm.active) > 1:  # trust weighs members that decide together
             algorithm = self._trusted(algorithm, request)
         request.stats.method_summary = {**algorithm.summary(), **self.trust.summary()}

@@ -118,3 +118,18 @@ def test_specem_drafters_in_turn_write_the_same_texts_with_fewer_passes(monkeypa
     texts, passes = _texts_and_passes(monkeypatch, ens, guess=True)
     assert texts == without
     assert passes < passes_without
+
+
+def test_rerank_reads_guesses_only_while_no_other_request_runs(monkeypatch, make_ensemble):
+    """Rerank's members read the first member's whole answer as a guess when the request runs
+    alone (the same texts, fewer passes), and draft without one while another request runs
+    (a guess's pass over a whole answer would not batch with its one-token steps)."""
+    ens = make_ensemble("rerank", max_concurrency=2)
+    without, passes_without = _texts_and_passes(monkeypatch, ens, guess=False)
+    texts, passes = _texts_and_passes(monkeypatch, ens, guess=True)
+    assert texts == without
+    assert passes < passes_without
+    with ens.admission.slot():  # another request runs
+        busy, passes_busy = _texts_and_passes(monkeypatch, ens, guess=True)
+    assert busy == without
+    assert passes_busy == passes_without

@@ -47,6 +47,9 @@ class Request:
     on_event: Callable[[Event], None] | None = None
     pending: list[Event] = field(default_factory=list)
     trust: TrustView = field(default_factory=TrustView)  # the ensemble's member weights
+    # whether no other request of the ensemble runs now: a method may then take a pass that
+    # would not batch with other requests' (it changes no text, only how many passes it takes)
+    alone: Callable[[], bool] = lambda: True
 
     @property
     def remaining(self) -> int:
