@@ -201,7 +201,8 @@ speed() {  # time per output token against the drafter alone, side by side in on
   $PY -m lab.bench.speed --n 60 --seed 7 --rounds 3 --out "$OUT/speed-shipped" \
     --config "drafter alone=single:member=0" --config "safe (default)=safe" \
     --config "safe (token decisions)=safe:decide=token" \
-    --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem"
+    --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
+    --config "rerank (default)=rerank"
   $PY -m lab.bench.speed --real --prompts questions --n 30 --max-new-tokens 24 --rounds 2 \
     --config "drafter alone=single:member=0" --config "safe (default)=safe" \
     --config "safe (token decisions)=safe:decide=token" \
