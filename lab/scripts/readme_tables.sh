@@ -206,7 +206,8 @@ speed() {  # time per output token against the drafter alone, side by side in on
   $PY -m lab.bench.speed --real --prompts questions --n 30 --max-new-tokens 24 --rounds 2 \
     --config "drafter alone=single:member=0" --config "safe (default)=safe" \
     --config "safe (token decisions)=safe:decide=token" \
-    --config "safe (paper preset)=safe:preset=paper" --out "$OUT/speed-real-pair"
+    --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
+    --config "rerank (default)=rerank" --out "$OUT/speed-real-pair"
 }
 
 serve() {  # every method served over HTTP against the same requests in process; then the soak
