@@ -591,14 +591,14 @@ class Member(ABC):
         with self._transaction("draft"):
             start = len(self.state.sequence.data)
             ids, rows = self._guessed(guess, max_tokens, sampler) if guess else ([], [])
-            before = self.n_tokens - len(ids)
-            for count in range(1, len(ids) + 1):  # each guessed token, as the loop checks each
+            before, stopped = self.n_tokens - len(ids), False
+            for count in range(1, len(ids) + 1) if self._text_stops else ():  # as the loop below
                 keep = self._before_stop_string(start, count, before + count)
                 if keep is not None:
                     self._keep_tokens(before + keep)
-                    return Draft(ids[:keep], torch.stack(rows[: keep + 1]), True)
-            stopped = False
-            for _ in range(max_tokens - len(ids)):
+                    ids, rows, stopped = ids[:keep], rows[: keep + 1], True
+                    break
+            for _ in range(0 if stopped else max_tokens - len(ids)):
                 if self.window_left <= 0:
                     break
                 row = self.logprobs([self.n_tokens])[0]
