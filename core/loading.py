@@ -261,7 +261,7 @@ def load_gguf(
 ):
     """(model, tokenizer) from one GGUF file: the weights dequantized to `dtype` on `device`,
     the tokenizer and its chat template from the file's metadata. The file is checked first."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     header = check_file(path)
     folder, name = str(header.path.parent), str(header.path)
@@ -269,7 +269,10 @@ def load_gguf(
         with translated(header):
             config = AutoConfig.from_pretrained(folder, gguf_file=name)
         check_causal(config, name)
-        kwargs = {"dtype": dtype, "config": config}
+        # Dequantized on purpose: the engine runs plain modules. Said explicitly, transformers
+        # also does not warn that a dtype other than float32 slows packed weights (none here).
+        unpacked = GgufConfig(gguf_file=name, dequantize=True)
+        kwargs = {"dtype": dtype, "config": config, "quantization_config": unpacked}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         with translated(header, attn_implementation):

@@ -71,6 +71,18 @@ def test_a_gguf_file_without_the_suffix_is_read_by_its_magic(tiny_gguf, tmp_path
     assert member.tokenizer.chat_template == CHATML
 
 
+def test_a_gguf_file_loads_dequantized_in_the_dtype_asked_without_a_false_warning(
+    tiny_gguf, caplog
+):
+    """Dequantized on purpose: transformers' warning about slowing weights it keeps packed
+    (and that this costs no memory) would be false here, so it is not logged."""
+    with caplog.at_level("WARNING"):
+        member = HFMember.load(tiny_gguf, device="cpu", dtype="bfloat16")
+    assert member.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in member.model.parameters())
+    assert not [r for r in caplog.records if "packed" in r.getMessage()]
+
+
 def test_a_local_carries_its_own_template_stop_dtype_and_name(tiny_gguf, tmp_path):
     template_file = tmp_path / "brackets.jinja"
     template_file.write_text(BRACKETS)
