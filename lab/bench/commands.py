@@ -174,6 +174,7 @@ def _bench_headroom(args: argparse.Namespace) -> None:
         max_new_tokens=args.max_new_tokens,
         out=args.out,
         device=args.device,
+        dtype=args.dtype,
         threads=args.threads,
         command=_command(args),
     )

@@ -117,6 +117,7 @@ def run(
     max_new_tokens: int = 128,
     out: str | Path = "bench-out/headroom",
     device: str = "cpu",
+    dtype: str = "auto",
     threads: int | None = None,
     progress: bool = True,
     command: str = "",
@@ -132,7 +133,7 @@ def run(
         models = default_models(source) if source == "real" else model_paths(weak=True)
     if len(models) < 2:
         raise InvalidConfigError("--headroom compares ensembles: give at least two --model.")
-    members = load_members(list(models), device)
+    members = load_members(list(models), device, dtype)
     names = [m.name for m in members]
     setups = headroom_setups(names, methods, which, configs, calibrated=calibrate > 0)
     ensembles = {s.label: ensemble_for(members, s) for s in setups}
@@ -185,6 +186,7 @@ def run(
         },
         "max_new_tokens": max_new_tokens,
         "members": names,
+        "dtype": str(getattr(members[0], "dtype", "")).removeprefix("torch."),
         "rows": rows,
         "per_problem": {label: [asdict(r) for r in rs] for label, rs in records.items()},
     }

@@ -377,13 +377,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--config", action="append", default=None, help="label=method:key=value,...")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="the members' dtype (auto: float32 on a CPU)")
     p.add_argument("--compare", default=None, help="an earlier results.json: same texts?")
     p.add_argument("--out", default="bench-out/speed")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
         prompt_set, prompts = load_prompts(args.prompts, args.n, args.seed)
-        members = load_members(_real_pair() if args.real else args.model, args.device)
+        members = load_members(_real_pair() if args.real else args.model, args.device, args.dtype)
         names = [m.name for m in members]
         setups = parse_setups((), (), len(members), args.config or DEFAULT_CONFIGS, names)
         compare = json.loads(Path(args.compare).read_text()) if args.compare else None
