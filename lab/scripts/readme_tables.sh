@@ -208,6 +208,14 @@ speed() {  # time per output token against the drafter alone, side by side in on
     --config "safe (token decisions)=safe:decide=token" \
     --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
     --config "rerank (default)=rerank" --out "$OUT/speed-real-pair"
+  # the real pair in bfloat16, then in float32 again, back to back (the members' dtype on a CPU)
+  for dtype in bfloat16 float32; do
+    $PY -m lab.bench.speed --real --dtype "$dtype" --prompts questions --n 30 \
+      --max-new-tokens 24 --rounds 2 --config "drafter alone=single:member=0" \
+      --config "safe (default)=safe" --config "safe (token decisions)=safe:decide=token" \
+      --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
+      --config "rerank (default)=rerank" --out "$OUT/speed-real-pair-$dtype"
+  done
 }
 
 serve() {  # every method served over HTTP against the same requests in process; then the soak
@@ -236,6 +244,10 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods single --config "smollm2 + gemma: rerank=rerank:score=min" \
       --out "$OUT/real-headroom-$form-rerank"
+  done
+  for form in qa rag; do  # each method at its defaults with both members in bfloat16
+    $BENCH --headroom --task real --form "$form" --n 60 --seed 1 --threads 1 --dtype bfloat16 \
+      --max-new-tokens 48 --methods safe,specem,rerank --out "$OUT/real-headroom-$form-bfloat16"
   done
   $BENCH --task real --form tool --n "${REAL_TOOL_N:-40}" --seed 1 --threads 1 \
     --max-new-tokens 160 --methods single,safe,specem,rerank \
