@@ -26,10 +26,12 @@ def run(
     max_new_tokens: int | None = None,
     methods: Sequence[str] = (),
     real: bool = False,
+    dtype: str = "auto",
 ) -> None:
     """`real`: the real pair on the real task's qa form (14 problems and 48 new tokens unless
     given: real models on a CPU take seconds per answer); otherwise the shipped tiny models on
-    chain-of-thought problems (60 and 120)."""
+    chain-of-thought problems (60 and 120). `dtype`: the members' (auto: float32 on a CPU;
+    bfloat16 runs the real pair about a third faster on a CPU with bfloat16 instructions)."""
     from tqdm.auto import tqdm
 
     from .testbed import extract_answer, testbed
@@ -41,7 +43,8 @@ def run(
     max_new_tokens = max_new_tokens or (48 if real else 120)
     # a real reply's answer is its text; a tiny model's, what follows "The answer is"
     answer_of = (lambda text: text.strip()) if real else extract_answer
-    members = [HFMember.load(p, device="cpu") for p in tqdm(sources, desc="loading", unit="model")]
+    loading = tqdm(sources, desc="loading", unit="model")
+    members = [HFMember.load(p, device="cpu", dtype=dtype) for p in loading]
     singles = {f"{m.name} alone": Ensemble([m], "single") for m in members}
     default = Ensemble(members)
     paper = Ensemble(members, "safe", preset="paper")
@@ -62,7 +65,8 @@ def run(
     best_name = max(singles, key=lambda name: sum(right[name]))
     best = sum(right[best_name]) / n
     maker = "make_real_problems" if real else "make_problems"
-    print(f"\nAccuracy on {n} held-out problems ({maker}({n}, seed={seed})):")
+    kinds = sorted({str(m.dtype).removeprefix("torch.") for m in members})
+    print(f"\nAccuracy on {n} held-out problems ({maker}({n}, seed={seed}); {', '.join(kinds)}):")
     for name in ensembles:
         accuracy = sum(right[name]) / n
         note = ""

@@ -34,3 +34,17 @@ def test_generate_reports_bad_input_without_a_traceback(capsys, tmp_path):
     missing = str(tmp_path / "missing")
     assert main(["generate", "--model", missing, "--method", "single", "hello"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_demo_runs_its_members_in_the_dtype_asked(capsys):
+    args = ["demo", "--n", "3", "--max-new-tokens", "30", "--dtype", "bfloat16"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "make_problems(3, seed=1); bfloat16):" in out
+    assert "default ensemble: " in out and "best single member: " in out
+
+
+def test_demo_names_a_bad_dtype_and_the_fix(capsys):
+    assert main(["demo", "--n", "3", "--dtype", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "dtype 'int8'" in err and "'bfloat16'" in err

@@ -137,7 +137,7 @@ def test_real_without_the_extra_names_it(monkeypatch, capsys, tmp_path):
 def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
     assert cli(["demo", "--real", "--n", "2", "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
-    assert "Accuracy on 2 held-out problems (make_real_problems(2, seed=1))" in out
+    assert "Accuracy on 2 held-out problems (make_real_problems(2, seed=1); float32)" in out
     assert all(f"{m.name} alone" in out for m in tiny_as_real)
     assert "at least one member right (the ceiling)" in out
 
