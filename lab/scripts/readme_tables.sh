@@ -252,6 +252,9 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   $BENCH --task real --form tool --n "${REAL_TOOL_N:-40}" --seed 1 --threads 1 \
     --max-new-tokens 160 --methods single,safe,specem,rerank \
     --config "safe (paper preset)=safe:preset=paper" --out "$OUT/real-tool"
+  # the default against each member alone on 100 tool problems (the first 40 are the above)
+  $BENCH --task real --form tool --n 100 --seed 1 --threads 1 --max-new-tokens 160 \
+    --methods single,safe --out "$OUT/real-tool-100"
 }
 
 case "${1:-all}" in
