@@ -90,6 +90,7 @@ class HFMember(Member):
         spec, whose own options (chat template, stop strings, device, dtype, name) win over
         the arguments here."""
         from .gguf import is_gguf
+        from .head import use_few_row_head
         from .loading import (
             check_model_source,
             load_config,
@@ -110,6 +111,7 @@ class HFMember(Member):
             load_config(path)
             model = load_model(path, resolved, resolved_dtype, use_safetensors, attn_implementation)
             tokenizer = load_tokenizer(path)
+        use_few_row_head(model)
         template = spec.template_text()
         if template is not None:
             tokenizer.chat_template = template

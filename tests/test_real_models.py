@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from core import Ensemble, HFMember
+from core.head import FewRowHead
 from core.methods import DEFAULT_METHOD
 from core.testbed import TOOL_SPECS
 from core.testbed.real_models import (
@@ -57,6 +58,13 @@ def test_both_members_load_with_their_templates(members):
     assert rendered[0].startswith("<|im_start|>system\n")  # SmolLM2's own, from the file
     assert rendered[0].endswith(f"{QUESTION[0]['content']}<|im_end|>\n<|im_start|>assistant\n")
     assert rendered[1] == (f"<bos>Question: {QUESTION[0]['content']}\nAnswer:")
+
+
+def test_both_wide_heads_take_the_few_row_kernel(members):
+    for member in members:  # 49,152 x 576 and 262,144 x 640: a verifier's rows cost 2-4x less
+        head = member.model.get_output_embeddings()
+        assert type(head) is FewRowHead
+        assert head.weight is member.model.get_input_embeddings().weight
 
 
 @pytest.mark.parametrize("method", ["single", "token", "safe", "specem", "rerank"])

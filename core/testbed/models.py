@@ -119,9 +119,11 @@ def make_config(model_type: str, tok, **overrides) -> PretrainedConfig:
             continue
         native[keys.get(key, key)] = value
     native.setdefault(keys["max_positions"], MAX_POSITIONS)
+    native.setdefault("vocab_size", len(tok))  # more rows than tokens: a padded vocabulary
+    if native["vocab_size"] < len(tok):
+        raise ValueError(f"vocab_size must be at least the tokenizer's {len(tok)} tokens")
     return AutoConfig.for_model(
         model_type,
-        vocab_size=len(tok),
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
@@ -161,7 +163,8 @@ def random_model(
 
     Tiny by default (2 layers, hidden 32); any config key can be overridden, by canonical name
     (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_positions) or by the
-    architecture's own key. `dtype` (e.g. "bfloat16") sets the saved weights' dtype.
+    architecture's own key; `vocab_size` above the tokenizer's size pads the embedding, as many
+    real models do. `dtype` (e.g. "bfloat16") sets the saved weights' dtype.
     """
     if name not in MEMBERS:
         raise ValueError(f"unknown testbed model {name!r}; choose one of {sorted(MEMBERS)}")
