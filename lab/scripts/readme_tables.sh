@@ -208,8 +208,11 @@ speed() {  # time per output token against the drafter alone, side by side in on
     --config "safe (token decisions)=safe:decide=token" \
     --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
     --config "rerank (default)=rerank" --out "$OUT/speed-real-pair"
-  # the real pair in bfloat16, then in float32 again, back to back (the members' dtype on a CPU)
-  for dtype in bfloat16 float32; do
+  # the output head's product for a few rows: linear against the few-row kernel (core/head.py)
+  mkdir -p "$OUT/head-kernels"
+  $PY -m lab.scripts.head_kernels --threads 2 | tee "$OUT/head-kernels/results.txt"
+  # the real pair in float32, then in bfloat16, back to back (the members' dtype on a CPU)
+  for dtype in float32 bfloat16; do
     $PY -m lab.bench.speed --real --dtype "$dtype" --prompts questions --n 30 \
       --max-new-tokens 24 --rounds 2 --config "drafter alone=single:member=0" \
       --config "safe (default)=safe" --config "safe (token decisions)=safe:decide=token" \
