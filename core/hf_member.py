@@ -89,8 +89,8 @@ class HFMember(Member):
         """A member from a model directory, a GGUF file or a hub id, or from a `Local(...)`
         spec, whose own options (chat template, stop strings, device, dtype, name) win over
         the arguments here."""
+        from .few_rows import use_few_row_kernels
         from .gguf import is_gguf
-        from .head import use_few_row_head
         from .loading import (
             check_model_source,
             load_config,
@@ -111,7 +111,7 @@ class HFMember(Member):
             load_config(path)
             model = load_model(path, resolved, resolved_dtype, use_safetensors, attn_implementation)
             tokenizer = load_tokenizer(path)
-        use_few_row_head(model)
+        use_few_row_kernels(model)
         template = spec.template_text()
         if template is not None:
             tokenizer.chat_template = template

@@ -208,9 +208,11 @@ speed() {  # time per output token against the drafter alone, side by side in on
     --config "safe (token decisions)=safe:decide=token" \
     --config "safe (paper preset)=safe:preset=paper" --config "specem (default)=specem" \
     --config "rerank (default)=rerank" --out "$OUT/speed-real-pair"
-  # the output head's product for a few rows: linear against the few-row kernel (core/head.py)
-  mkdir -p "$OUT/head-kernels"
-  $PY -m lab.scripts.head_kernels --threads 2 | tee "$OUT/head-kernels/results.txt"
+  # linear against the few-row kernel (core/few_rows.py): output heads, the real pair's passes
+  mkdir -p "$OUT/few-row-kernels"
+  for threads in 2 1; do  # the speed runs use 1 torch thread
+    $PY -m lab.scripts.few_row_kernels --threads "$threads"
+  done | tee "$OUT/few-row-kernels/results.txt"
   # the real pair in float32, then in bfloat16, back to back (the members' dtype on a CPU)
   for dtype in float32 bfloat16; do
     $PY -m lab.bench.speed --real --dtype "$dtype" --prompts questions --n 30 \
