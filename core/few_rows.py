@@ -36,13 +36,8 @@ class FewRowLinear(nn.Linear):
         width = hidden.shape[-1]
         rows = hidden.numel() // width if width else 0
         weight = self.weight
-        if (
-            rows not in self.few_rows
-            or weight.device.type != "cpu"
-            or weight.dtype != torch.float32
-        ):
-            return super().forward(hidden)
-        if hidden.dtype != weight.dtype:  # as linear would refuse it: let it say so
+        taken = weight.device.type == "cpu" and weight.dtype == hidden.dtype == torch.float32
+        if not taken or rows not in self.few_rows:  # (linear also says why a dtype mismatches)
             return super().forward(hidden)
         flat = hidden.reshape(rows, width)
         if rows == 1:  # as two rows (the second zeros): the one-row kernel is slower than that
