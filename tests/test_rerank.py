@@ -96,3 +96,62 @@ def test_score_min_counts_an_answer_as_its_least_likely_token(tiny_members):
     assert chosen.scores["first"]["first"] == pytest.approx(0.6, abs=1e-3)
     assert chosen.scores["second"]["first"] == pytest.approx(0.45, abs=1e-3)
     assert Ensemble([first, second], "rerank").generate(prompt, max_new_tokens=32).text == long
+
+
+def _prompted(tiny_members, scripts, without, name):
+    """A scripted member that writes `scripts` after a request and `without` after an empty
+    user turn (what rerank's score="pmi" reads each answer after)."""
+    from scripted import Scripted
+
+    from core.methods.rerank import EMPTY_REQUEST
+
+    class Prompted(Scripted):
+        def _row(self, seq):
+            sequence = self.state.sequence
+            empty = sequence.seq[: sequence.prompt_len] == self.render(EMPTY_REQUEST)
+            saved = self.scripts
+            self.scripts = self.without if empty else saved
+            try:
+                return super()._row(seq)
+            finally:
+                self.scripts = saved
+
+    member = Prompted(tiny_members[0], scripts, name)
+    member.without = [(member.canonical_ids(s), w) for s, w in without]
+    return member
+
+
+def test_score_pmi_counts_what_the_request_makes_likely(tiny_members):
+    """ "fluent" says " 12." whatever it is asked (0.9 after the request and after none);
+    "reader" says " 13." after this request (0.6) and " 12." after none (0.9). By log-probs
+    the fluent member's sureness wins; by score="pmi" the fluent member gains nothing from the
+    request on either answer (its vote is even) and the reader's request-driven " 13." wins."""
+    from core import Ensemble
+
+    twelve, thirteen = "The answer is 12.", "The answer is 13."
+    fluent = _prompted(tiny_members, [(twelve, 0.9), (thirteen, 0.1)],
+                       [(twelve, 0.9), (thirteen, 0.1)], "fluent")  # fmt: skip
+    reader = _prompted(tiny_members, [(thirteen, 0.6), (twelve, 0.4)],
+                       [(twelve, 0.9), (thirteen, 0.1)], "reader")  # fmt: skip
+    prompt = [{"role": "user", "content": "How many apples?"}]
+    assert Ensemble([fluent, reader], "rerank").generate(prompt, max_new_tokens=32).text == twelve
+    out = Ensemble([fluent, reader], "rerank", score="pmi").generate(prompt, max_new_tokens=32)
+    assert out.text == thirteen
+    chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
+    assert chosen.winner == "reader"
+    assert chosen.scores["fluent"]["fluent"] == pytest.approx(0.5, abs=1e-6)
+    assert chosen.scores["reader"]["reader"] > 0.5
+
+
+def test_score_pmi_on_a_raw_prompt_needs_a_token_to_start_from(tiny_members, make_ensemble):
+    """An empty raw prompt is no token at all for a tokenizer without a BOS: the request is
+    refused at the call, naming the member and the fix; with messages it runs."""
+    from core import Ensemble
+
+    ensemble = Ensemble(tiny_members[:2], "rerank", score="pmi")
+    with pytest.raises(InvalidConfigError, match="tb-gpt2-bpe.*raw_prompt=False"):
+        ensemble.generate("Q: 2 + 3 =", max_new_tokens=8, raw_prompt=True)
+    problem = _problems(1)[0]
+    out = make_ensemble("rerank", score="pmi").generate(problem.messages, CONFIG)
+    chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
+    assert out.text == chosen.text and chosen.scores
