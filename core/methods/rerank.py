@@ -32,8 +32,9 @@ of seed 2 (40 each, the tuning seed; the members' answers scored both ways,
 `lab/results/rerank-pmi/`), short questions: 32.5 % by log-probs, 35.0 % by "pmi", the best
 member 35.0 %; retrieval questions: 75.0 against 87.5 %, the best member 87.5 %. An option, not
 the default: it has not been measured on tool use, where a call is unlikely without the
-request's tools whatever its worth. It costs one more scoring pass per member (after the
-empty turn, a short prompt).
+request's tools whatever its worth. It costs one more scoring pass per member, over every
+token of every answer (none of them remembered from drafting): on the real pair about twice
+rerank's time per output token by log-probs (5.1-5.5x the drafter against 2.1-2.6x).
 
 It costs every member a whole answer plus one scoring pass, so its time per output token is
 about the sum of the members' (on one device) rather than the drafter's. What it can fix is
