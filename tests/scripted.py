@@ -21,15 +21,25 @@ class Scripted(HFMember):
         self, base: HFMember, scripts, name: str, off: str | None = None, sure: float = 1.0
     ) -> None:
         super().__init__(name, base.model, base.tokenizer)
-        scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
-        self.scripts = [(self.canonical_ids(s), w) for s, w in scripts]
+        self.scripts = self._parsed(scripts)
         self.stop = base.tokenizer.eos_token_id
         self.off = None if off is None else self.canonical_ids(off)[0]
         self.sure = sure
+        self.after: dict[tuple[int, ...], list] = {}  # other scripts after a given prompt
+
+    def _parsed(self, scripts) -> list:
+        scripts = [(s, 1.0) if isinstance(s, str) else s for s in scripts]
+        return [(self.canonical_ids(s), w) for s, w in scripts]
+
+    def answer_after(self, messages, scripts) -> None:
+        """After the prompt these messages render to, spell `scripts` instead."""
+        self.after[tuple(self.render(messages))] = self._parsed(scripts)
 
     def _row(self, seq: list[int]) -> torch.Tensor:
         probs = torch.zeros(self.vocab.size, dtype=torch.float64)
-        for script, weight in self.scripts:
+        sequence = self.state.sequence
+        prompt = tuple(sequence.seq[: sequence.prompt_len])
+        for script, weight in self.after.get(prompt, self.scripts):
             if seq == script[: len(seq)]:
                 probs[script[len(seq)] if len(seq) < len(script) else self.stop] += weight
         if not probs.sum() and self.off is not None:

@@ -105,19 +105,8 @@ def _prompted(tiny_members, scripts, without, name):
 
     from core.methods.rerank import EMPTY_REQUEST
 
-    class Prompted(Scripted):
-        def _row(self, seq):
-            sequence = self.state.sequence
-            empty = sequence.seq[: sequence.prompt_len] == self.render(EMPTY_REQUEST)
-            saved = self.scripts
-            self.scripts = self.without if empty else saved
-            try:
-                return super()._row(seq)
-            finally:
-                self.scripts = saved
-
-    member = Prompted(tiny_members[0], scripts, name)
-    member.without = [(member.canonical_ids(s), w) for s, w in without]
+    member = Scripted(tiny_members[0], scripts, name)
+    member.answer_after(EMPTY_REQUEST, without)
     return member
 
 

@@ -1,9 +1,13 @@
-"""The default SAFE on the real pair's short questions, its word decisions counted: Gemma's
-proposals and their forward passes, the decisions that weighed more than one word, and the
-wall time. Run from a checkout with and without `skip-proposals.patch` applied (the code on the
-import path decides which), alternating:
+"""The default SAFE on the real pair's short questions, with and without
+`skip-proposals.patch` applied (the code on the import path decides which), alternating: the
+wall time, each member's forward passes, the word decisions and how many weighed more than one
+word, and the texts (to compare the two runs).
 
     PYTHONPATH=<checkout> python lab/results/word-proposal-bound/count_proposals.py 30 texts.json
+
+`ab-log.txt` was written by this measurement with the two internal steps of a word decision
+(a member's proposal, the pooled scoring) wrapped to count their passes apart; the public
+counts printed here are the same runs' totals.
 """
 
 import collections
@@ -13,9 +17,9 @@ import time
 
 import torch
 
-import core.methods.safe.words as words
 from core.config import GenerationConfig
 from core.ensemble import Ensemble
+from core.events import EnsemblePoint
 from core.hf_member import HFMember
 from core.testbed.real_models import real_members
 from lab.bench.speed import QUESTIONS
@@ -23,36 +27,19 @@ from lab.bench.speed import QUESTIONS
 torch.set_num_threads(1)
 n, out_path = int(sys.argv[1]), sys.argv[2]
 members = [HFMember.load(m, dtype="float32") for m in real_members()]
-stats = collections.Counter()
-propose, pool = words._propose, words.WordDecision._pool
-
-
-def counted_propose(member, base, limit, sampler):
-    before = member.state.calls
-    proposal = propose(member, base, limit, sampler)
-    stats[f"propose calls {member.name}"] += member.state.calls - before
-    stats[f"proposals {member.name}"] += 1
-    return proposal
-
-
-def counted_pool(request, ms, base, candidates, names):
-    stats["pools"] += 1
-    before = [m.state.calls for m in ms]
-    result = pool(request, ms, base, candidates, names)
-    for m, c in zip(ms, before, strict=True):
-        stats[f"score calls {m.name}"] += m.state.calls - c
-    return result
-
-
-words._propose = counted_propose
-words.WordDecision._pool = staticmethod(counted_pool)
 ensemble = Ensemble(members, "safe", prefix_reuse=False, max_concurrency=1)
 config = GenerationConfig(max_new_tokens=24)
+counts: collections.Counter = collections.Counter()
 start, texts = time.perf_counter(), []
 for question in QUESTIONS[:n]:
-    texts.append(ensemble.generate([{"role": "user", "content": question}], config).text)
-print(time.perf_counter() - start, "s")
-for key, value in sorted(stats.items()):
+    out = ensemble.generate([{"role": "user", "content": question}], config)
+    texts.append(out.text)
+    counts.update({f"passes {name}": calls for name, calls in out.stats.member_calls.items()})
+    points = [e for e in out.events if isinstance(e, EnsemblePoint)]
+    counts["word decisions"] += len(points)
+    counts["decisions weighing two or more words"] += sum(len(p.top) > 1 for p in points)
+print(f"{time.perf_counter() - start:.1f} s")
+for key, value in sorted(counts.items()):
     print(key, value)
 with open(out_path, "w") as f:
     json.dump(texts, f)
