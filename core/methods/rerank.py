@@ -180,7 +180,8 @@ def prior_scores(
 ) -> list[torch.Tensor]:
     """Each answer's token log-probs as this member reads it after an empty user turn (an
     empty raw prompt for a raw-prompt request), in a view of its own that the request's
-    cancellation also stops, released after."""
+    cancellation also stops; after, its computed prompt is kept for the next request (where
+    prefix reuse is on) and what it holds is released."""
     view = member.spawn(member.state.cancel, member.state.reuse)
     try:
         view.start("" if raw_prompt else EMPTY_REQUEST)
