@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -104,6 +105,7 @@ def main() -> None:
     task = load_task("arithmetic", args.requests, 1, "cot")
     items = [messages for messages, _ in task.items]
     ensemble = Ensemble([drafter], "single", max_concurrency=args.level, prefix_reuse=False)
+    load_before = os.getloadavg()[0]
     clock = PassClock(drafter.model)
     engine_passes(ensemble, items[: args.level], args.level, args.tokens)  # warm-up
     past = len(drafter.render(items[0])) + args.tokens // 2
@@ -131,6 +133,7 @@ def main() -> None:
         "rounds": args.rounds,
         "past": past,
         "torch": torch.__version__,
+        "load_average": [load_before, os.getloadavg()[0]],
         "rows": {label: summary(values) for label, values in rows.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
