@@ -2,14 +2,15 @@
 `score="pmi"` against rerank's default and against the best member alone, with the grammar and
 with the prompt only. Run from the repository root:
 
-    python lab/results/rerank-pmi/paired_tool.py
+    PYTHONPATH=. python lab/results/rerank-pmi/paired_tool.py
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+
+from lab.bench.headroom import paired as paired_counts
 
 HERE = Path(__file__).parent
 RESULTS = HERE.parent
@@ -27,13 +28,12 @@ def per_problem(run: str) -> dict:
 
 
 def paired(base: list[dict], other: list[dict], key: str = "answer_right") -> str:
-    a = {p["problem"]: int(p[key]) for p in base}
-    b = {p["problem"]: int(p[key]) for p in other}
-    d = [b[k] - a[k] for k in a]
-    n, mean = len(d), sum(d) / len(d)
-    se = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1) / n)
-    won, lost = sum(v > 0 for v in d), sum(v < 0 for v in d)
-    return f"{100 * mean:+.1f} ± {100 * se:.1f} (won {won}, lost {lost})"
+    """`other` against `base` on the same problems (the headroom table's paired difference)."""
+    order = [p["problem"] for p in base]
+    right = {p["problem"]: bool(p[key]) for p in other}
+    got = paired_counts([right[k] for k in order], [bool(p[key]) for p in base])
+    return (f"{100 * got['difference']:+.1f} ± {100 * got['standard_error']:.1f} "
+            f"(won {got['won']}, lost {got['lost']})")  # fmt: skip
 
 
 def main() -> None:
