@@ -33,3 +33,30 @@ def test_soak_serve_checks_every_answer(tmp_path, shipped_members):
     assert result["mismatches"] == 0 and result["server_errors"] == 0
     assert result["held_slots"] == 0
     assert {o["verdict"] for o in result["outcomes"]} == {"ok"}
+
+
+def test_served_members_are_the_members_in_process():
+    """The server's ensemble.toml carries each member as the run in process loads it: a Local
+    with its own template and stop strings reads back as the same Local."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on; the server reads 3.10's by tomli
+    from core import Local
+    from core.sources import public_sources
+    from core.testbed.real_models import GEMMA_STOP, GEMMA_TEMPLATE
+    from lab.bench.serve import toml_value
+
+    members = [
+        "models/tb-gpt2-bpe",
+        Local("g.gguf", chat_template=GEMMA_TEMPLATE, stop=GEMMA_STOP, name="gemma-3-270m"),
+    ]
+    text = f"members = {toml_value(public_sources(members))}\n"
+    read = tomllib.loads(text)["members"]
+    assert read[0] == "models/tb-gpt2-bpe"
+    assert Local(**read[1]) == members[1]
+
+
+def test_bench_serve_refuses_random_shapes(capsys):
+    argv = ["bench", "--serve", "1", "--shape", "tiny", "--n", "1", "--methods", "single"]
+    assert main(argv) != 0
+    assert "--shape" in capsys.readouterr().err

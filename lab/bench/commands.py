@@ -113,18 +113,24 @@ def _bench_tools(args: argparse.Namespace) -> None:
 def _bench_serve(args: argparse.Namespace) -> None:
     from . import serve
     from .concurrency import parse_levels
-    from .setups import shipped_model_paths
+    from .setups import default_models
 
+    if args.shape:
+        raise InvalidConfigError(
+            "--serve loads its members in a server process, which cannot build --shape's random "
+            "weights; drop --shape (or compare shapes with --concurrency)."
+        )
     levels = parse_levels(args.serve)
     intervals = _stream_intervals(args.stream_intervals)
-    models = args.model or shipped_model_paths()
     _run_on_task(
         args,
         serve.run_load,
-        models=models,
+        models=args.model or default_models(args.task),  # the members the run in process loads
         levels=levels,
         intervals=intervals,
         threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
     )
 
 

@@ -42,6 +42,7 @@ import httpx
 
 from core.config import GenerationConfig
 from core.ensemble import Ensemble
+from core.sources import public_sources
 
 from .report import write_results
 from .setups import Setup, ensemble_for
@@ -110,24 +111,29 @@ def cpu_seconds(pid: int | None = None) -> float:
 
 @contextlib.contextmanager
 def server_process(
-    models: Sequence[str],
+    models: Sequence[Any],
     setup: Setup,
     max_concurrency: int,
     threads: int | None,
     log: Path,
     stream_interval: int = 1,
+    device: str = "cpu",
+    dtype: str = "auto",
 ) -> Iterator[tuple[str, int]]:
-    """`llm-ensembling serve` for one setup, in its own process (yields its URL and pid);
-    stopped with SIGTERM (which must end it with exit status 0)."""
+    """`llm-ensembling serve` for one setup, in its own process (yields its URL and pid), loading
+    the same members as the run in process (paths, or `Local` specs with their own template and
+    stop strings); stopped with SIGTERM (which must end it with exit status 0)."""
     port = _free_port()
     config = {
-        "members": [models[i] for i in setup.chosen(len(models))],
+        "members": public_sources([models[i] for i in setup.chosen(len(models))]),
         "method": setup.method,
         "max_concurrency": max_concurrency,
         "prefix_reuse": False,
+        "device": device,
+        "dtype": dtype,
     }
-    lines = [f"{key} = {json.dumps(value)}" for key, value in config.items()]
-    lines += ["[options]"] + [f"{k} = {json.dumps(v)}" for k, v in setup.options.items()]
+    lines = [f"{key} = {toml_value(value)}" for key, value in config.items()]
+    lines += ["[options]"] + [f"{k} = {toml_value(v)}" for k, v in setup.options.items()]
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
         file.write("\n".join(lines) + "\n")
     command = [sys.executable, "-m", "core.cli", "serve", "--config", file.name,
@@ -159,6 +165,16 @@ def server_process(
         os.unlink(file.name)
         if code != 0:
             raise RuntimeError(f"the server for {setup.label} exited with {code}; see {log}")
+
+
+def toml_value(value: Any) -> str:
+    """A plain value as TOML: a dict as an inline table, a list as an array, anything else as
+    its JSON (JSON's strings, numbers and booleans read the same in TOML)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 async def _http_block(url: str, items: Sequence[list[dict]], level: int, max_tokens: int):
@@ -219,7 +235,7 @@ def _row(label, level, mode, wall, samples, cpu: float, client_cpu: float | None
 def run_load(
     *,
     members,
-    models: Sequence[str],
+    models: Sequence[Any],
     setups: Sequence[Setup],
     items: Sequence[list[dict]],
     task: str,
@@ -229,6 +245,8 @@ def run_load(
     out: str,
     command: str,
     intervals: Sequence[int] = (1,),
+    device: str = "cpu",
+    dtype: str = "auto",
 ) -> dict:
     rows: list[dict] = []
     same: dict[str, dict[int, int]] = {}
@@ -239,7 +257,9 @@ def run_load(
         ensemble = ensemble_for(members, setup, max_concurrency=max(levels))
         label = setup.label if interval == 1 else f"{setup.label}, stream interval {interval}"
         same[label] = {}
-        served = server_process(models, setup, max(levels), threads, log, interval)
+        served = server_process(
+            models, setup, max(levels), threads, log, interval, device=device, dtype=dtype
+        )
         with served as (url, pid):
             for k, level in enumerate(levels):
                 texts = {}
