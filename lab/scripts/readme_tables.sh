@@ -260,6 +260,12 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # the default against each member alone on 100 tool problems (the first 40 are the above)
   $BENCH --task real --form tool --n 100 --seed 1 --threads 1 --max-new-tokens 160 \
     --methods single,safe --out "$OUT/real-tool-100"
+  # every method served over HTTP against the same requests in process, and concurrent
+  # requests against one at a time and the bare models' batching, on the real pair
+  $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
+    --out "$OUT/serve/real-pair"
+  $BENCH --concurrency 1,8 --task real --n 16 --threads 1 --max-new-tokens 24 --ignore-stop \
+    --methods single,token,safe,specem,rerank --out "$OUT/concurrency-real-pair"
 }
 
 case "${1:-all}" in
