@@ -9,8 +9,11 @@ its own row's positions and attends over a range of rows in place (`PassCache`),
 gathered, padded or copied back. Rows and capacity grow when a request needs more (one copy of
 the store, counted in `copies`), never by more than the free memory allows.
 
-Models the store cannot serve (an attention kernel without a 4-D mask, a cache that is not one
-plain key/value tensor per layer: sliding windows, linear attention, shared layers) keep each
+A model whose layers mix full attention with a sliding window (Gemma 2 and 3, and others whose
+config names each layer's type) keeps every position of every layer in the store too: a batched
+pass gives its sliding layers a mask that also hides the keys a window leaves out
+(`core.batching`). Models the store cannot serve (an attention kernel without a 4-D mask, a
+cache that is not one key/value tensor per layer: linear attention, shared layers) keep each
 request's keys and values as a `KVPrefix`: immutable tensors that grow by concatenation and crop
 to views. A `KVPrefix` is also what `PrefixPool` keeps of finished requests for later ones whose
 prompts share a prefix (an agent loop, a chat resending its history). `block_mask` and
@@ -153,10 +156,19 @@ class PrefixPool:
 @dataclass(frozen=True)
 class KVLayout:
     """What a model caches per position: per layer (key heads, key dim, value heads, value
-    dim), in `dtype`; measured from a real forward pass (`probe_layout`)."""
+    dim), in `dtype`; measured from a real forward pass (`probe_layout`). `sliding_window`:
+    the window of the model's sliding-window layers (None: every layer attends to everything);
+    such a model takes its attention mask per layer type (`masks`)."""
 
     layers: tuple[tuple[int, int, int, int], ...]
     dtype: torch.dtype
+    sliding_window: int | None = None
+
+    def masks(self, full: torch.Tensor, sliding: torch.Tensor) -> torch.Tensor | dict:
+        """The attention mask a pass gives the model: `full` alone, or per layer type."""
+        if self.sliding_window is None:
+            return full
+        return {"full_attention": full, "sliding_attention": sliding}
 
     @property
     def bytes_per_token(self) -> int:
@@ -168,7 +180,7 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
     """The model's per-position cache layout, from one 1-token forward pass through the
     model's own `DynamicCache`; and why a `KVStore` cannot serve the model (None if it can)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     config = model.config
     attention = getattr(config, "_attn_implementation", None) or "eager"
@@ -181,13 +193,17 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
     except Exception as error:  # then each request keeps its own cache, its passes alone
         return None, f"a one-token probe pass failed ({type(error).__name__}: {error})"
     kinds = {type(layer) for layer in cache.layers}
-    if kinds != {DynamicLayer} or any(not layer.is_initialized for layer in cache.layers):
+    window = _sliding_window(model, kinds)
+    if (kinds - {DynamicSlidingWindowLayer} != {DynamicLayer} and window is None) or any(
+        not layer.is_initialized for layer in cache.layers
+    ):
         names = ", ".join(sorted(k.__name__ for k in kinds))
         return None, f"its cache is not one plain key/value tensor per layer ({names})"
     layout = KVLayout(
         tuple((k.shape[1], k.shape[3], v.shape[1], v.shape[3])
               for k, v in ((layer.keys, layer.values) for layer in cache.layers)),
         cache.layers[0].keys.dtype,
+        window,
     )  # fmt: skip
     if getattr(config, "is_encoder_decoder", False):
         return layout, "it is an encoder-decoder model"
@@ -350,6 +366,36 @@ class KVStore:
     def pass_cache(self, lo: int, hi: int, columns: int, writes: Sequence[tuple]):
         """The transformers `Cache` of one batched pass over rows lo..hi-1 (`PassCache`)."""
         return _pass_cache_class()(self, lo, hi, columns, writes)
+
+
+def _sliding_window(model, kinds: set[type]) -> int | None:
+    """The window of a model whose cache mixes full and sliding-window layers, where the store
+    can serve it: its config names each layer's type, and its forward takes a mask per type
+    (a one-token probe with such a mask runs). None otherwise."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    config = model.config
+    types = set(getattr(config, "layer_types", None) or ())
+    window = getattr(config, "sliding_window", None)
+    if kinds != {DynamicLayer, DynamicSlidingWindowLayer} and kinds != {DynamicSlidingWindowLayer}:
+        return None
+    if not types <= {"full_attention", "sliding_attention"} or not isinstance(window, int):
+        return None
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    zero = torch.zeros(1, 1, 1, 1, dtype=dtype, device=device)
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=torch.ones(1, 1, dtype=torch.long, device=device),
+                attention_mask={"full_attention": zero, "sliding_attention": zero},
+                cache=DynamicCache(config=config),
+                use_cache=True,
+            )
+    except Exception:  # a forward that builds its own masks: each request's passes alone
+        return None
+    return window
 
 
 def _index(row: KVRow) -> int:

@@ -350,28 +350,65 @@ def test_default_concurrency_comes_from_the_measured_cache_size(shipped_members,
     assert default_concurrency(shipped_members) == 10
 
 
-def test_a_model_the_store_cannot_serve_runs_each_pass_alone_with_the_same_texts(
-    shipped_members,
-):
-    """The shipped Qwen2 model with sliding-window layers (a window longer than any request,
-    so its numbers do not change): its cache is not one plain tensor per layer, so it keeps
-    each request's own cache and runs every pass alone, writing what the store-served model
-    writes, alone and concurrently, for every method that scores and branches."""
+def _windowed_qwen2(served: HFMember, window: int) -> HFMember:
+    """The shipped Qwen2 model with sliding-window layers between full-attention ones."""
     from transformers import AutoModelForCausalLM
 
-    served = shipped_members[1]
     model = AutoModelForCausalLM.from_pretrained(
-        model_paths()[1], layer_types=["sliding_attention"] * 4, use_sliding_window=True,
-        sliding_window=4096,
+        model_paths()[1], layer_types=["sliding_attention", "full_attention"] * 2,
+        use_sliding_window=True, sliding_window=window,
     )  # fmt: skip
-    windowed = HFMember(served.name, model.eval(), served.tokenizer)
-    assert windowed.store is None and "DynamicSlidingWindowLayer" in windowed.batcher.unsupported
+    return HFMember(served.name, model.eval(), served.tokenizer)
+
+
+def test_sliding_window_layers_are_served_by_the_store(shipped_members):
+    """A window of 8 positions, shorter than every prompt: the store serves the model, a request
+    alone writes what transformers' own `generate` writes, and concurrent requests share passes
+    and write what they write alone (SpecEM's scoring passes too)."""
+    windowed = _windowed_qwen2(shipped_members[1], window=8)
+    assert windowed.store is not None and windowed.batcher.unsupported is None
+    tokenizer = windowed.tokenizer
     for method in ("single", "specem"):
         members = [shipped_members[0], windowed] if method == "specem" else [windowed]
+        ens = Ensemble(members, method, prefix_reuse=False)
+        alone = _texts(ens, 1)
+        passes, rows = windowed.batcher.batches, windowed.batcher.rows
+        assert _texts(ens, len(PROBLEMS)) == alone
+        assert windowed.batcher.batches - passes < windowed.batcher.rows - rows  # shared
+    single = Ensemble([windowed], "single", prefix_reuse=False)
+    for problem in PROBLEMS[:4]:
+        ids = tokenizer.apply_chat_template(
+            problem.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        assert ids["input_ids"].shape[1] > 8  # the window cuts every prompt
+        out = windowed.model.generate(**ids, max_new_tokens=CONFIG.max_new_tokens, do_sample=False)
+        reference = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert reference.startswith(single.generate(problem.messages, CONFIG).text)
+
+
+def test_a_model_the_store_cannot_serve_runs_each_pass_alone_with_the_same_texts(
+    shipped_members, monkeypatch
+):
+    """A model the store refuses keeps each request's own cache and runs every pass alone,
+    writing what the store-served model writes, alone and concurrently, for every method that
+    scores and branches."""
+    import core.batching
+
+    def refused(model):
+        layout, _ = core.kv.probe_layout(model)
+        return layout, "a refusal for this test"
+
+    served = shipped_members[1]
+    monkeypatch.setattr(core.batching, "probe_layout", refused)
+    alone = _windowed_qwen2(served, window=4096)  # any model: loaded while the store refuses
+    monkeypatch.undo()
+    assert alone.store is None and alone.batcher.unsupported == "a refusal for this test"
+    for method in ("single", "specem"):
+        members = [shipped_members[0], alone] if method == "specem" else [alone]
         reference = [shipped_members[0], served] if method == "specem" else [served]
         want = _texts(Ensemble(reference, method, prefix_reuse=False), 1)
         ens = Ensemble(members, method, prefix_reuse=False)
-        passes, rows = windowed.batcher.batches, windowed.batcher.rows
+        passes, rows = alone.batcher.batches, alone.batcher.rows
         assert _texts(ens, 1) == want
         assert _texts(ens, len(PROBLEMS)) == want
-        assert windowed.batcher.batches - passes == windowed.batcher.rows - rows  # alone
+        assert alone.batcher.batches - passes == alone.batcher.rows - rows  # alone
