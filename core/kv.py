@@ -193,8 +193,13 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
     except Exception as error:  # then each request keeps its own cache, its passes alone
         return None, f"a one-token probe pass failed ({type(error).__name__}: {error})"
     kinds = {type(layer) for layer in cache.layers}
-    window = _sliding_window(model, kinds)
-    if (kinds - {DynamicSlidingWindowLayer} != {DynamicLayer} and window is None) or any(
+    window = _sliding_window(model, kinds) if DynamicSlidingWindowLayer in kinds else None
+    if DynamicSlidingWindowLayer in kinds and window is None:
+        return None, (
+            "its sliding-window layers need a mask per layer type, which its config (no "
+            "layer_types) or its forward does not take"
+        )
+    if not kinds <= {DynamicLayer, DynamicSlidingWindowLayer} or any(
         not layer.is_initialized for layer in cache.layers
     ):
         names = ", ".join(sorted(k.__name__ for k in kinds))
@@ -378,9 +383,9 @@ def _sliding_window(model, kinds: set[type]) -> int | None:
     config = model.config
     types = set(getattr(config, "layer_types", None) or ())
     window = getattr(config, "sliding_window", None)
-    if kinds != {DynamicLayer, DynamicSlidingWindowLayer} and kinds != {DynamicSlidingWindowLayer}:
+    if not kinds <= {DynamicLayer, DynamicSlidingWindowLayer} or not isinstance(window, int):
         return None
-    if not types <= {"full_attention", "sliding_attention"} or not isinstance(window, int):
+    if not types or not types <= {"full_attention", "sliding_attention"}:
         return None
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
