@@ -465,7 +465,7 @@ def _windowed(mask: torch.Tensor, past: Sequence[int], sizes: Sequence[int], win
     """`mask` [rows, 1, width, columns] for a sliding-window layer: a row's new id at column
     past + i also stops seeing the keys `window` or more columns before it (padding ids keep
     what they see). The same tensor when no new id reaches that far."""
-    rows, _, width, columns = mask.shape
+    _, _, width, columns = mask.shape
     if max(past) + width - 1 < window:
         return mask
     device = mask.device
