@@ -419,9 +419,7 @@ class Batcher:
         else:
             allowed = _rows_mask(jobs, lo, past, sizes, width, columns, self.device)
             mask = _additive(allowed, self.dtype)
-        window = store.layout.sliding_window
-        if window is not None:
-            mask = store.layout.masks(mask, _windowed(mask, past, sizes, window))
+        mask = store.layout.masks(mask, past, sizes)  # per layer type where windows differ
         with store.lock:
             store.fit(columns)
             logits = self._call(
@@ -459,21 +457,6 @@ class Batcher:
         if width <= _TRIANGLE:
             self._triangle_mask = triangle
         return triangle
-
-
-def _windowed(mask: torch.Tensor, past: Sequence[int], sizes: Sequence[int], window: int):
-    """`mask` [rows, 1, width, columns] for a sliding-window layer: a row's new id at column
-    past + i also stops seeing the keys `window` or more columns before it (padding ids keep
-    what they see). The same tensor when no new id reaches that far."""
-    _, _, width, columns = mask.shape
-    if max(past) + width - 1 < window:
-        return mask
-    device = mask.device
-    token = torch.arange(width, device=device)[None, :, None]
-    query = torch.tensor(list(past), device=device)[:, None, None] + token
-    far = query - torch.arange(columns, device=device) >= window
-    far &= token < torch.tensor(list(sizes), device=device)[:, None, None]
-    return mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
 
 
 def _rows_mask(jobs, lo, past, sizes, width, columns, device) -> torch.Tensor:

@@ -164,10 +164,25 @@ class KVLayout:
     dtype: torch.dtype
     sliding_window: int | None = None
 
-    def masks(self, full: torch.Tensor, sliding: torch.Tensor) -> torch.Tensor | dict:
-        """The attention mask a pass gives the model: `full` alone, or per layer type."""
-        if self.sliding_window is None:
+    def masks(
+        self, full: torch.Tensor, past: Sequence[int], sizes: Sequence[int]
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The attention mask a pass over store rows gives the model: `full` ([rows, 1, width,
+        columns], additive; row b's `sizes[b]` new ids written from column `past[b]`) alone, or
+        per layer type, where a sliding layer's new id at column past + i also stops seeing the
+        keys `sliding_window` or more columns before it (padding ids keep what they see)."""
+        window = self.sliding_window
+        if window is None:
             return full
+        _, _, width, columns = full.shape
+        sliding = full
+        if max(past) + width - 1 >= window:  # some new id reaches past its window
+            device = full.device
+            token = torch.arange(width, device=device)[None, :, None]
+            query = torch.tensor(list(past), device=device)[:, None, None] + token
+            far = query - torch.arange(columns, device=device) >= window
+            far &= token < torch.tensor(list(sizes), device=device)[:, None, None]
+            sliding = full.masked_fill(far[:, None], torch.finfo(full.dtype).min)
         return {"full_attention": full, "sliding_attention": sliding}
 
     @property
@@ -193,7 +208,7 @@ def probe_layout(model) -> tuple[KVLayout | None, str | None]:
     except Exception as error:  # then each request keeps its own cache, its passes alone
         return None, f"a one-token probe pass failed ({type(error).__name__}: {error})"
     kinds = {type(layer) for layer in cache.layers}
-    window = _sliding_window(model, kinds) if DynamicSlidingWindowLayer in kinds else None
+    window = _sliding_window(model) if DynamicSlidingWindowLayer in kinds else None
     if DynamicSlidingWindowLayer in kinds and window is None:
         return None, (
             "its sliding-window layers need a mask per layer type, which its config (no "
@@ -373,19 +388,18 @@ class KVStore:
         return _pass_cache_class()(self, lo, hi, columns, writes)
 
 
-def _sliding_window(model, kinds: set[type]) -> int | None:
-    """The window of a model whose cache mixes full and sliding-window layers, where the store
-    can serve it: its config names each layer's type, and its forward takes a mask per type
-    (a one-token probe with such a mask runs). None otherwise."""
+def _sliding_window(model) -> int | None:
+    """The window of a model with sliding-window layers, where the store can serve it: its
+    config names each layer's type, and its forward takes a mask per type (a one-token probe
+    with such a mask runs). None otherwise."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     config = model.config
     types = set(getattr(config, "layer_types", None) or ())
     window = getattr(config, "sliding_window", None)
-    if not kinds <= {DynamicLayer, DynamicSlidingWindowLayer} or not isinstance(window, int):
+    if not isinstance(window, int) or not types:
         return None
-    if not types or not types <= {"full_attention", "sliding_attention"}:
+    if not types <= {"full_attention", "sliding_attention"}:
         return None
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lab.cli import main
 
 
@@ -38,8 +40,6 @@ def test_soak_serve_checks_every_answer(tmp_path, shipped_members):
 def test_served_members_are_the_members_in_process():
     """The server's ensemble.toml carries each member as the run in process loads it: a Local
     with its own template and stop strings reads back as the same Local."""
-    import pytest
-
     tomllib = pytest.importorskip("tomllib")  # Python 3.11 on; the server reads 3.10's by tomli
     from core import Local
     from core.sources import public_sources
