@@ -103,7 +103,7 @@ def _prompted(tiny_members, scripts, without, name):
     user turn (what rerank's score="pmi" reads each answer after)."""
     from scripted import Scripted
 
-    from core.methods.rerank import EMPTY_REQUEST
+    from core.methods.pmi import EMPTY_REQUEST
 
     member = Scripted(tiny_members[0], scripts, name)
     member.answer_after(EMPTY_REQUEST, without)

@@ -299,7 +299,7 @@ def test_blockwise_equals_separate_and_recompute_equals_reuse(nonstop):
 
 def test_drafters_subset_and_score_variants(nonstop):
     names = [m.name for m in nonstop]
-    for score in ("logprob", "prob", "logit"):
+    for score in ("logprob", "prob", "logit", "min", "pmi"):
         ens = Ensemble(nonstop, "specem", drafters=[0, names[2]], score=score)
         out = ens.generate(PROMPT, SAMPLED)
         for event in _events(out, SegmentCandidates):
@@ -432,6 +432,44 @@ def test_shipped_verify_in_line_equals_separate_scoring(make_ensemble):
     pairs = zip(_events(outs[0], SegmentSelected), _events(outs[1], SegmentSelected), strict=True)
     for a, b in pairs:
         assert torch.allclose(_matrix(a), _matrix(b), atol=1e-4)
+
+
+@pytest.mark.parametrize("segment_tokens", [32, 3])
+def test_score_pmi_counts_what_the_request_makes_likely(tiny_members, segment_tokens):
+    """ "fluent" says " 12." whatever it is asked; "reader" says " 13." after this request and
+    " 12." after an empty turn. By log-probs the fluent member's sureness wins; by score="pmi"
+    the reader's request-driven " 13." does, whether the segments are whole answers or the
+    differing words come after committed ones (read after the empty turn too)."""
+    from scripted import Scripted
+
+    from core.methods.pmi import EMPTY_REQUEST
+
+    twelve, thirteen = "The answer is 12.", "The answer is 13."
+    fluent = Scripted(tiny_members[0], [(twelve, 0.9), (thirteen, 0.1)], "fluent")
+    fluent.answer_after(EMPTY_REQUEST, [(twelve, 0.9), (thirteen, 0.1)])
+    reader = Scripted(tiny_members[0], [(thirteen, 0.6), (twelve, 0.4)], "reader")
+    reader.answer_after(EMPTY_REQUEST, [(twelve, 0.9), (thirteen, 0.1)])
+    prompt = [{"role": "user", "content": "How many apples?"}]
+    options = {"segment_tokens": segment_tokens, "feedback": False}
+    plain = Ensemble([fluent, reader], "specem", **options).generate(prompt, max_new_tokens=32)
+    assert plain.text == twelve
+    out = Ensemble([fluent, reader], "specem", score="pmi", **options).generate(
+        prompt, max_new_tokens=32
+    )
+    assert out.text == thirteen
+    selected = _events(out, SegmentSelected)
+    verified = [e for e in selected if any(v != 1.0 for v in e.scores["fluent"].values())]
+    assert [e.winner for e in verified] == ["reader"]
+    assert verified[0].scores["fluent"]["fluent"] == pytest.approx(0.5, abs=1e-6)
+    assert verified[0].scores["reader"]["reader"] > 0.5
+    if segment_tokens == 3:  # the vote came after committed words both members agreed on
+        assert not thirteen.startswith(verified[0].text)
+
+
+def test_score_pmi_on_a_raw_prompt_needs_a_token_to_start_from(tiny_members):
+    ensemble = Ensemble(tiny_members[:2], "specem", score="pmi")
+    with pytest.raises(InvalidConfigError, match="specem's score='pmi'.*raw_prompt=False"):
+        ensemble.generate("Q: 2 + 3 =", max_new_tokens=8, raw_prompt=True)
 
 
 def test_a_winning_stop_ends_the_request(tiny_members):

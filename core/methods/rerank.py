@@ -51,15 +51,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import InvalidConfigError
 from ..events import SegmentCandidates, SegmentSelected
 from ..member import Member
 from ..parallel import draft_each, each
-from .base import Commit, Method, Request, check_choice
-from .specem import SCORES, check_score, last_space_run, normalise, win_rates
-
-RERANK_SCORES = (*SCORES, "pmi")
-EMPTY_REQUEST = [{"role": "user", "content": ""}]  # "pmi": the answers read without the request
+from .base import Commit, Method, Request
+from .pmi import check_empty_raw_prompt, pmi_shares, prior_scores
+from .specem import check_score, last_space_run, normalise, win_rates
 
 
 @dataclass
@@ -72,21 +69,19 @@ class Answer:
 
 
 class Rerank(Method):
-    """Options: `score` ("logprob" | "min" | "prob" | "logit", as SpecEM's, or "pmi")."""
+    """Options: `score` ("logprob" | "min" | "prob" | "logit" | "pmi", as SpecEM's)."""
 
     name = "rerank"
     min_members = 2
 
     def __init__(self, members, score: str = "logprob") -> None:
         super().__init__(members)
-        check_choice("score", score, RERANK_SCORES)
-        if score != "pmi":
-            check_score(score, self.members)
+        check_score(score, self.members)
         self.scoring = score
 
     def run(self, request: Request) -> Iterator[Commit]:
         if self.scoring == "pmi" and request.config.raw_prompt:
-            _check_empty_raw_prompt(self.members)
+            check_empty_raw_prompt(self.name, self.members)
         base = request.text
         names = [m.name for m in self.members]
         for member in self.members:
@@ -173,43 +168,6 @@ class Rerank(Method):
 
     def summary(self) -> dict:
         return {**super().summary(), "score": self.scoring}
-
-
-def prior_scores(
-    member: Member, texts: Sequence[str], ends: Sequence[bool], raw_prompt: bool
-) -> list[torch.Tensor]:
-    """Each answer's token log-probs as this member reads it after an empty user turn (an
-    empty raw prompt for a raw-prompt request), in a view of its own that the request's
-    cancellation also stops; after, its computed prompt is kept for the next request (where
-    prefix reuse is on) and what it holds is released."""
-    view = member.spawn(member.state.cancel, member.state.reuse)
-    try:
-        view.start("" if raw_prompt else EMPTY_REQUEST)
-        return view.score(texts, ends=ends)
-    finally:
-        view.keep_prefix()
-
-
-def _check_empty_raw_prompt(members: Sequence[Member]) -> None:
-    """score="pmi" on a raw prompt reads each answer after an empty raw prompt: every member
-    must read that as a token to start from (its BOS)."""
-    for member in members:
-        if not member.render(""):
-            raise InvalidConfigError(
-                f"rerank's score='pmi' reads each answer after an empty prompt, and member "
-                f"{member.name!r} reads an empty raw prompt as no token at all (its tokenizer "
-                "adds no BOS); send messages (raw_prompt=False) or use score='logprob'."
-            )
-
-
-def pmi_shares(values: Sequence[torch.Tensor], prior: Sequence[torch.Tensor]) -> list[float]:
-    """One member's vote: softmax over the answers of mean token log-prob after the request
-    minus mean token log-prob after none."""
-    gains = [
-        float(v.double().mean() - p.double().mean()) if v.numel() and p.numel() else -1e30
-        for v, p in zip(values, prior, strict=True)
-    ]
-    return torch.softmax(torch.tensor(gains, dtype=torch.float64), 0).tolist()
 
 
 def shared_words(texts: Sequence[str]) -> str:

@@ -12,7 +12,8 @@ Decisions where the paper and the authors' code leave room (see the README for t
 - score: mean token log-prob under the verifier, softmax over the distinct candidates (a
   verifier's unit vote spread by geometric-mean token probability); `score="prob"` (paper v1:
   mean token probability) and `score="logit"` (authors' code: mean raw logit) are sum-normalised;
-  `score="min"` scores a candidate by its least likely token (see rerank).
+  `score="min"` scores a candidate by its least likely token (see rerank); `score="pmi"` by
+  how much more likely the request makes it than an empty user turn does (`core.methods.pmi`).
   A candidate that ended the turn includes the verifier's log-prob of ending there.
 - self-judgment: a member's scores of its own draft count in the vote (as in the authors' code),
   never in its reward.
@@ -54,8 +55,9 @@ from ..sampling import Sampler
 from ..trust import hedge
 from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
+from .pmi import check_empty_raw_prompt, pmi_shares, prior_scores
 
-SCORES = ("logprob", "prob", "logit", "min")
+SCORES = ("logprob", "prob", "logit", "min", "pmi")
 SOFTMAXED = ("logprob", "min")  # scores spread over the candidates by a softmax
 
 
@@ -202,8 +204,8 @@ class _Scores:
 
 class SpecEM(Method):
     """Options: `segment_tokens` (L, tokens per draft), `drafters` (indices or names; all members
-    verify), `score` ("logprob" | "prob" | "logit"), `feedback` (Hedge on/off within a
-    request), `lr`, `reuse_cache` (False drops every cache before drafting and before
+    verify), `score` ("logprob" | "prob" | "logit" | "min" | "pmi"), `feedback` (Hedge on/off
+    within a request), `lr`, `reuse_cache` (False drops every cache before drafting and before
     verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
     and `draft_top_p` (drafts decoded with these instead of the request's settings),
     `schedule` ("updates" | "rounds": what t counts in eta_t), `preset` ("paper": the authors'
@@ -256,6 +258,8 @@ class SpecEM(Method):
     # --- one request -----------------------------------------------------------------------
 
     def run(self, request: Request) -> Iterator[Commit]:
+        if self.scoring == "pmi" and request.config.raw_prompt:
+            check_empty_raw_prompt(self.name, self.members)
         names = [m.name for m in self.members]
         state = Feedback.starting(len(names), request.trust.of(names))
         sampler = self._draft_sampler(request)
@@ -276,7 +280,7 @@ class SpecEM(Method):
             if not candidates:  # nobody could add text (context windows full)
                 yield Commit("", 0, "length")
                 return
-            scores = self._verify(request, base, candidates)  # every member scores them all
+            scores = self._verify(request, candidates)  # every member scores them all
             self._learn(request, round_, scores, state)  # online feedback on the weights
             chosen, winner = self._vote(request, round_, candidates, scores, state)
             # The winner keeps its own draft tokens: sync finds them still spelling the text.
@@ -292,13 +296,13 @@ class SpecEM(Method):
             if commit.finish:
                 return
 
-    def _verify(self, request: Request, base: str, candidates: list[_Candidate]) -> _Scores:
+    def _verify(self, request: Request, candidates: list[_Candidate]) -> _Scores:
         """Every member's normalised scores of every distinct candidate (verify-in-line); a
         round where every drafter wrote the same has nothing to verify."""
         verified = len(candidates) > 1
         if verified:
             request.stats.ensembled_rounds += 1
-            shares = self._shares(base, candidates)
+            shares = self._shares(request, candidates)
         else:  # every drafter wrote the same: nothing to vote on
             request.stats.count("consensus")
             shares = torch.ones(len(self.members), 1, dtype=torch.float64)
@@ -379,8 +383,10 @@ class SpecEM(Method):
             found[text, draft.stopped].authors.append(a)
         return list(found.values())
 
-    def _shares(self, base: str, candidates: list[_Candidate]) -> torch.Tensor:
-        """shares[member, candidate]: each member's normalised scores, in one pass each."""
+    def _shares(self, request: Request, candidates: list[_Candidate]) -> torch.Tensor:
+        """shares[member, candidate]: each member's normalised scores, in one pass each (two
+        with score="pmi": after the request, and after an empty turn)."""
+        base, raw_prompt = request.text, request.config.raw_prompt
         texts = [c.text for c in candidates]
         ends = [c.ended for c in candidates]
 
@@ -388,6 +394,9 @@ class SpecEM(Method):
             if not self.reuse_cache:
                 member.drop_cache()
             values = member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
+            if self.scoring == "pmi":
+                prior = prior_scores(member, texts, ends, raw_prompt, base=base)
+                return pmi_shares(values, prior)
             return normalise(values, self.scoring)
 
         rows = each(self.members, shares)  # remote members score concurrently

@@ -13,7 +13,7 @@ import torch
 
 from core.config import GenerationConfig
 from core.hf_member import HFMember
-from core.methods.rerank import EMPTY_REQUEST
+from core.methods.pmi import EMPTY_REQUEST
 from core.sampling import Sampler
 from core.testbed.real_models import real_members
 from lab.bench.setups import load_task
