@@ -333,7 +333,6 @@ def test_token_cap_counts_the_winners_tokens(nonstop):
         ({"draft_temperature": -0.5}, "draft_temperature="),
         ({"draft_top_p": 0}, "draft_top_p="),
         ({"schedule": "steps"}, "schedule="),
-        ({"self_preference": "min"}, "self_preference="),
         ({"window": 10}, "unknown option"),
         ({"persist_weights": True}, "learn_weights=True"),
     ],
@@ -465,58 +464,6 @@ def test_score_pmi_counts_what_the_request_makes_likely(tiny_members, segment_to
     assert verified[0].scores["reader"]["reader"] > 0.5
     if segment_tokens == 3:  # the vote came after committed words both members agreed on
         assert not thirteen.startswith(verified[0].text)
-
-
-def _fluent_and_reader(tiny_members, third=None):
-    """ "fluent" says " 12." whatever it is asked; "reader" says " 13." after the request and
-    " 12." after an empty turn; `third`, when given, says it after both."""
-    from scripted import Scripted
-
-    from core.methods.pmi import EMPTY_REQUEST
-
-    twelve, thirteen = "The answer is 12.", "The answer is 13."
-    members = []
-    for name, scripts in [
-        ("fluent", [(twelve, 0.9), (thirteen, 0.1)]),
-        ("reader", [(thirteen, 0.6), (twelve, 0.4)]),
-        *([("third", [(third, 0.6), (twelve, 0.4)])] if third else []),
-    ]:
-        member = Scripted(tiny_members[0], scripts, name)
-        member.answer_after(EMPTY_REQUEST, [(twelve, 0.9), (thirteen, 0.1)])
-        members.append(member)
-    return members
-
-
-@pytest.mark.parametrize("segment_tokens", [32, 3])
-def test_self_preference_pmi_reads_a_standoff_by_what_the_request_makes_likely(
-    tiny_members, segment_tokens
-):
-    """Each of two members prefers its own answer: by log-probs the surer one wins; with
-    self_preference="pmi" the round is read as score="pmi" reads it, and the reader's
-    request-driven " 13." wins."""
-    prompt = [{"role": "user", "content": "How many apples?"}]
-    options = {"segment_tokens": segment_tokens, "feedback": False}
-    members = _fluent_and_reader(tiny_members)
-    plain = Ensemble(members, "specem", **options).generate(prompt, max_new_tokens=32)
-    out = Ensemble(members, "specem", self_preference="pmi", **options).generate(
-        prompt, max_new_tokens=32
-    )
-    assert (plain.text, out.text) == ("The answer is 12.", "The answer is 13.")
-    assert out.stats.counts["self-preference"] == 1
-    assert "self-preference" not in plain.stats.counts
-
-
-def test_self_preference_leaves_a_majority_of_drafters_to_the_vote(tiny_members):
-    """Two of three members drafted " 12.": not a standoff, so the round is read by log-probs
-    (and " 12." wins) even with self_preference="pmi"."""
-    members = _fluent_and_reader(tiny_members, third="The answer is 12.")
-    prompt = [{"role": "user", "content": "How many apples?"}]
-    out = Ensemble(members, "specem", self_preference="pmi", feedback=False).generate(
-        prompt, max_new_tokens=32
-    )
-    assert out.text == "The answer is 12."
-    assert "self-preference" not in out.stats.counts
-    assert out.stats.ensembled_rounds == 1
 
 
 def test_score_pmi_on_a_raw_prompt_needs_a_token_to_start_from(tiny_members):

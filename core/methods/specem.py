@@ -75,7 +75,6 @@ def check_score(score: str, members: Sequence[Member]) -> None:
 # Drafting as the authors' code does it (temperature 0.6, top-p 0.9: `Speculative_generate`).
 PRESETS = {"paper": {"draft_temperature": 0.6, "draft_top_p": 0.9, "schedule": "rounds"}}
 SCHEDULES = ("updates", "rounds")  # what t counts in eta_t = lr * sqrt(1/K) / t
-SELF_PREFERENCE = ("pmi",)  # how a round where every drafter prefers its own draft is read
 
 
 # --- pure pieces (unit-testable without a model) ---------------------------------------------
@@ -210,9 +209,7 @@ class SpecEM(Method):
     verifying: the authors' cost profile, kept as the benchmark baseline), `draft_temperature`
     and `draft_top_p` (drafts decoded with these instead of the request's settings),
     `schedule` ("updates" | "rounds": what t counts in eta_t), `preset` ("paper": the authors'
-    code's draft sampling, temperature 0.6 and top-p 0.9, and schedule="rounds"),
-    `self_preference` (None | "pmi": a standoff round, where every drafter prefers its own draft
-    and no draft has more authors than another, read as score="pmi" reads it).
+    code's draft sampling, temperature 0.6 and top-p 0.9, and schedule="rounds").
 
     Cost per round and member: up to L one-token draft steps plus ONE verification pass over the
     distinct candidates; a round where every drafter wrote the same text skips verification."""
@@ -235,7 +232,6 @@ class SpecEM(Method):
         draft_top_p: float | None = None,
         schedule: str | None = None,
         preset: str | None = None,
-        self_preference: str | None = None,
     ) -> None:
         super().__init__(members)
         chosen = _preset_options(preset, draft_temperature, draft_top_p, schedule)
@@ -245,9 +241,6 @@ class SpecEM(Method):
         self.drafters = _drafters(self.members, drafters)
         self.segment_tokens = segment_tokens
         self.scoring = score
-        if self_preference is not None:
-            check_choice("self_preference", self_preference, SELF_PREFERENCE)
-        self.self_preference = self_preference
         self.feedback = check_bool("feedback", feedback)
         self.lr = check_real("lr", lr, low=0, low_open=True, example=1.0)
         if check_bool("persist_weights", persist_weights):
@@ -392,42 +385,22 @@ class SpecEM(Method):
 
     def _shares(self, request: Request, candidates: list[_Candidate]) -> torch.Tensor:
         """shares[member, candidate]: each member's normalised scores, in one pass each (two
-        with score="pmi": after the request, and after an empty turn; with
-        self_preference="pmi", two where every drafter prefers its own draft)."""
+        with score="pmi": after the request, and after an empty turn)."""
         base, raw_prompt = request.text, request.config.raw_prompt
         texts = [c.text for c in candidates]
         ends = [c.ended for c in candidates]
 
-        def read(member) -> list[torch.Tensor]:
+        def shares(member) -> list[float]:
             if not self.reuse_cache:
                 member.drop_cache()
-            return member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
+            values = member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
+            if self.scoring == "pmi":
+                prior = prior_scores(member, texts, ends, raw_prompt, base=base)
+                return pmi_shares(values, prior)
+            return normalise(values, self.scoring)
 
-        def prior(member) -> list[torch.Tensor]:
-            return prior_scores(member, texts, ends, raw_prompt, base=base)
-
-        values = each(self.members, read)  # remote members score concurrently
-        if self.scoring == "pmi":
-            priors = each(self.members, prior)
-            rows = [pmi_shares(v, p) for v, p in zip(values, priors, strict=True)]
-        else:
-            rows = [normalise(v, self.scoring) for v in values]
-            if self.self_preference == "pmi" and self._self_preferring(rows, candidates):
-                request.stats.count("self-preference")
-                priors = each(self.members, prior)
-                rows = [pmi_shares(v, p) for v, p in zip(values, priors, strict=True)]
+        rows = each(self.members, shares)  # remote members score concurrently
         return torch.tensor(rows, dtype=torch.float64)
-
-    def _self_preferring(self, rows: list[list[float]], candidates: list[_Candidate]) -> bool:
-        """Whether the round is a standoff: every drafter's highest share went to a candidate it
-        drafted itself, and every candidate has as many authors (no majority of drafters)."""
-        if len({len(c.authors) for c in candidates}) > 1:
-            return False
-        return all(
-            a in candidates[max(range(len(candidates)), key=lambda c: rows[m][c])].authors
-            for m, a in ((self.drafters[a], a) for a in range(len(self.drafters)))
-            if any(a in c.authors for c in candidates)
-        )
 
     def summary(self) -> dict:
         return {
@@ -435,7 +408,6 @@ class SpecEM(Method):
             "drafters": [self.members[i].name for i in self.drafters],
             "segment_tokens": self.segment_tokens,
             "score": self.scoring,
-            "self_preference": self.self_preference,
             "feedback": self.feedback,
             "lr": self.lr,
             "reuse_cache": self.reuse_cache,
