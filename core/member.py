@@ -636,13 +636,16 @@ class Member(ABC):
             self.sync(self.text + guess)
         except ContextOverflow:  # the whole guess does not fit: it is drafted step by step
             return [], []
-        guessed = self.ids[n : n + budget]
+        whole = self.ids[n:]
+        guessed = whole[:budget]
         if self.ids[:n] != before or not guessed:
             self.sync_ids(before)
             return [], []
+        # rows along the whole guess (and after it, where a draft could go on from there): a
+        # guess longer than this draft's budget in this member's tokens is still scored later
+        ends = range(n, n + len(whole) + (len(whole) < budget))
+        rows = list(self.logprobs(list(ends)).unbind(0))[: len(guessed) + 1]
         self._keep_tokens(n + len(guessed))
-        ends = range(n, n + len(guessed) + (len(guessed) < budget))  # and the row after them
-        rows = list(self.logprobs(list(ends)).unbind(0))
         kept = 0
         while (
             kept < len(guessed)

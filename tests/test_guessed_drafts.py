@@ -45,6 +45,24 @@ def test_a_guessed_draft_is_the_plain_draft_in_fewer_passes(shipped_members, fam
     assert saved > 0  # the members agree on some stretches of these answers
 
 
+@pytest.mark.parametrize("family", [1, 2], ids=["spm", "word"])
+def test_a_guess_longer_than_the_draft_is_scored_later_without_a_pass(shipped_members, family):
+    """A guess that is more of this member's tokens than its draft may take is still read
+    whole: a later score of it (SpecEM verifying the leader's segment) costs no pass, and gives
+    what a fresh view's pass gives."""
+    for problem in PROBLEMS:
+        leader = _view(shipped_members[0], problem.messages)
+        leader.draft(12, Sampler(GREEDY))
+        guess = leader.text
+        reader = _view(shipped_members[family], problem.messages)
+        reader.draft(3, Sampler(GREEDY), guess=guess)  # fewer tokens than the guess holds
+        before = reader.calls
+        scores = reader.score([guess], base="")
+        assert reader.calls == before
+        fresh = _view(shipped_members[family], problem.messages).score([guess], base="")
+        assert torch.allclose(scores[0], fresh[0], atol=1e-4)
+
+
 @pytest.mark.parametrize("family", [0, 1, 2], ids=["bpe", "spm", "word"])
 def test_a_stop_string_inside_a_guess_ends_the_draft_where_the_plain_draft_ends(
     shipped_members, family
