@@ -70,6 +70,20 @@ def test_sixteen_threads_give_what_sequential_requests_give(shipped_members, seq
 
 
 @needs_trained
+@pytest.mark.parametrize("method", ["specem", "rerank"])
+def test_votes_read_after_an_empty_turn_depend_on_their_request_alone(shipped_members, method):
+    """score="pmi" reads every candidate again in a view of each member that starts from an
+    empty turn: concurrent requests' views share passes, and give what one at a time gives."""
+    ens = Ensemble(list(shipped_members), method, score="pmi")
+    problems = PROBLEMS[:8]
+    alone = [_fingerprint(ens.generate(p.messages, CONFIG)) for p in problems]
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda p: ens.generate(p.messages, CONFIG), problems))
+    assert _same([_fingerprint(o) for o in outs], alone)
+    assert ens.admission.running == 0
+
+
+@needs_trained
 @pytest.mark.parametrize("method", METHODS)
 async def test_sixteen_tasks_give_what_sequential_requests_give(
     shipped_members, sequential, method
