@@ -644,7 +644,7 @@ class Member(ABC):
         # rows along the whole guess (and after it, where a draft could go on from there): a
         # guess longer than this draft's budget in this member's tokens is still scored later
         ends = range(n, n + len(whole) + (len(whole) < budget))
-        rows = list(self.logprobs(list(ends)).unbind(0))[: len(guessed) + 1]
+        rows = list(self.logprobs(list(ends)).unbind(0))[: len(guessed)]
         self._keep_tokens(n + len(guessed))
         kept = 0
         while (

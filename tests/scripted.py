@@ -67,3 +67,13 @@ class Scripted(HFMember):
 
     def _model_branch_logprobs(self, boundary, branches):
         return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])
+
+
+def prompted(base: HFMember, scripts, without, name: str) -> Scripted:
+    """A scripted member that spells `scripts` after a request and `without` after an empty user
+    turn (what a vote by score="pmi" reads each candidate after)."""
+    from core.methods.pmi import EMPTY_REQUEST
+
+    member = Scripted(base, scripts, name)
+    member.answer_after(EMPTY_REQUEST, without)
+    return member

@@ -98,30 +98,20 @@ def test_score_min_counts_an_answer_as_its_least_likely_token(tiny_members):
     assert Ensemble([first, second], "rerank").generate(prompt, max_new_tokens=32).text == long
 
 
-def _prompted(tiny_members, scripts, without, name):
-    """A scripted member that writes `scripts` after a request and `without` after an empty
-    user turn (what rerank's score="pmi" reads each answer after)."""
-    from scripted import Scripted
-
-    from core.methods.pmi import EMPTY_REQUEST
-
-    member = Scripted(tiny_members[0], scripts, name)
-    member.answer_after(EMPTY_REQUEST, without)
-    return member
-
-
 def test_score_pmi_counts_what_the_request_makes_likely(tiny_members):
     """ "fluent" says " 12." whatever it is asked (0.9 after the request and after none);
     "reader" says " 13." after this request (0.6) and " 12." after none (0.9). By log-probs
     the fluent member's sureness wins; by score="pmi" the fluent member gains nothing from the
     request on either answer (its vote is even) and the reader's request-driven " 13." wins."""
+    from scripted import prompted
+
     from core import Ensemble
 
     twelve, thirteen = "The answer is 12.", "The answer is 13."
-    fluent = _prompted(tiny_members, [(twelve, 0.9), (thirteen, 0.1)],
-                       [(twelve, 0.9), (thirteen, 0.1)], "fluent")  # fmt: skip
-    reader = _prompted(tiny_members, [(thirteen, 0.6), (twelve, 0.4)],
-                       [(twelve, 0.9), (thirteen, 0.1)], "reader")  # fmt: skip
+    fluent = prompted(tiny_members[0], [(twelve, 0.9), (thirteen, 0.1)],
+                      [(twelve, 0.9), (thirteen, 0.1)], "fluent")  # fmt: skip
+    reader = prompted(tiny_members[0], [(thirteen, 0.6), (twelve, 0.4)],
+                      [(twelve, 0.9), (thirteen, 0.1)], "reader")  # fmt: skip
     prompt = [{"role": "user", "content": "How many apples?"}]
     assert Ensemble([fluent, reader], "rerank").generate(prompt, max_new_tokens=32).text == twelve
     out = Ensemble([fluent, reader], "rerank", score="pmi").generate(prompt, max_new_tokens=32)
