@@ -69,11 +69,18 @@ class Scripted(HFMember):
         return torch.stack([self._row(self.ids[:boundary] + list(b)) for b in branches])
 
 
-def prompted(base: HFMember, scripts, without, name: str) -> Scripted:
-    """A scripted member that spells `scripts` after a request and `without` after an empty user
-    turn (what a vote by score="pmi" reads each candidate after)."""
+def fluent_and_reader(base: HFMember) -> list[Scripted]:
+    """Two scripted members for votes by what the request makes likely (score="pmi"): "fluent"
+    says "The answer is 12." whatever it is asked (0.9, after the request and after an empty
+    user turn); "reader" says "The answer is 13." after the request (0.6) and "... 12." after
+    an empty turn (0.9)."""
     from core.methods.pmi import EMPTY_REQUEST
 
-    member = Scripted(base, scripts, name)
-    member.answer_after(EMPTY_REQUEST, without)
-    return member
+    twelve, thirteen = "The answer is 12.", "The answer is 13."
+    without = [(twelve, 0.9), (thirteen, 0.1)]
+    members = []
+    for name, scripts in [("fluent", without), ("reader", [(thirteen, 0.6), (twelve, 0.4)])]:
+        member = Scripted(base, scripts, name)
+        member.answer_after(EMPTY_REQUEST, without)
+        members.append(member)
+    return members

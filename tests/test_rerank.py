@@ -103,15 +103,12 @@ def test_score_pmi_counts_what_the_request_makes_likely(tiny_members):
     "reader" says " 13." after this request (0.6) and " 12." after none (0.9). By log-probs
     the fluent member's sureness wins; by score="pmi" the fluent member gains nothing from the
     request on either answer (its vote is even) and the reader's request-driven " 13." wins."""
-    from scripted import prompted
+    from scripted import fluent_and_reader
 
     from core import Ensemble
 
     twelve, thirteen = "The answer is 12.", "The answer is 13."
-    fluent = prompted(tiny_members[0], [(twelve, 0.9), (thirteen, 0.1)],
-                      [(twelve, 0.9), (thirteen, 0.1)], "fluent")  # fmt: skip
-    reader = prompted(tiny_members[0], [(thirteen, 0.6), (twelve, 0.4)],
-                      [(twelve, 0.9), (thirteen, 0.1)], "reader")  # fmt: skip
+    fluent, reader = fluent_and_reader(tiny_members[0])
     prompt = [{"role": "user", "content": "How many apples?"}]
     assert Ensemble([fluent, reader], "rerank").generate(prompt, max_new_tokens=32).text == twelve
     out = Ensemble([fluent, reader], "rerank", score="pmi").generate(prompt, max_new_tokens=32)

@@ -440,13 +440,10 @@ def test_score_pmi_counts_what_the_request_makes_likely(tiny_members, segment_to
     " 12." after an empty turn. By log-probs the fluent member's sureness wins; by score="pmi"
     the reader's request-driven " 13." does, whether the segments are whole answers or the
     differing words come after committed ones (read after the empty turn too)."""
-    from scripted import prompted
+    from scripted import fluent_and_reader
 
     twelve, thirteen = "The answer is 12.", "The answer is 13."
-    fluent = prompted(tiny_members[0], [(twelve, 0.9), (thirteen, 0.1)],
-                      [(twelve, 0.9), (thirteen, 0.1)], "fluent")  # fmt: skip
-    reader = prompted(tiny_members[0], [(thirteen, 0.6), (twelve, 0.4)],
-                      [(twelve, 0.9), (thirteen, 0.1)], "reader")  # fmt: skip
+    fluent, reader = fluent_and_reader(tiny_members[0])
     prompt = [{"role": "user", "content": "How many apples?"}]
     options = {"segment_tokens": segment_tokens, "feedback": False}
     plain = Ensemble([fluent, reader], "specem", **options).generate(prompt, max_new_tokens=32)
