@@ -55,8 +55,8 @@ from ..events import SegmentCandidates, SegmentSelected
 from ..member import Member
 from ..parallel import draft_each, each
 from .base import Commit, Method, Request
-from .pmi import check_empty_raw_prompt, pmi_shares, prior_scores
-from .specem import check_score, last_space_run, normalise, win_rates
+from .pmi import check_empty_raw_prompt
+from .specem import check_score, last_space_run, member_shares, win_rates
 
 
 @dataclass
@@ -137,13 +137,9 @@ class Rerank(Method):
             head = shared_words([a.text for a in answers]) if self.scoring == "min" else ""
             texts, ends = [a.text[len(head) :] for a in answers], [a.ended for a in answers]
 
-            def vote(member: Member) -> list[float]:
-                raw = self.scoring == "logit"
-                values = member.score(texts, base=base + head, ends=ends, raw=raw)
-                if self.scoring == "pmi":
-                    prior = prior_scores(member, texts, ends, request.config.raw_prompt)
-                    return pmi_shares(values, prior)
-                return normalise(values, self.scoring)
+            def vote(member: Member) -> list[float]:  # "pmi": the answers alone after none
+                raw_prompt = request.config.raw_prompt
+                return member_shares(member, texts, ends, self.scoring, raw_prompt, base + head, "")
 
             shares = torch.tensor(each(self.members, vote), dtype=torch.float64)
         totals = (weights[:, None] * shares).sum(0).tolist()

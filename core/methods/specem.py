@@ -132,6 +132,24 @@ def normalise(values: Sequence[torch.Tensor], score: str) -> list[float]:
     return (means / total).tolist() if total != 0 else [0.0] * len(values)
 
 
+def member_shares(
+    member: Member,
+    texts: Sequence[str],
+    ends: Sequence[bool],
+    score: str,
+    raw_prompt: bool,
+    base: str,
+    prior_base: str,
+) -> list[float]:
+    """One member's vote over the candidates read after `base`: its `normalise`d scores, or
+    with score="pmi" its gain over reading them after an empty turn and `prior_base` (one more
+    pass, `core.methods.pmi`)."""
+    values = member.score(texts, base=base, ends=ends, raw=score == "logit")
+    if score == "pmi":
+        return pmi_shares(values, prior_scores(member, texts, ends, raw_prompt, base=prior_base))
+    return normalise(values, score)
+
+
 def win_rates(matrix: torch.Tensor, authors: Sequence[int]) -> torch.Tensor:
     """Reward per member from `matrix[verifier, candidate]` (candidate c drafted by member
     `authors[c]`): the share of (judge, rival) pairs, judges being the OTHER verifiers, in which
@@ -393,11 +411,7 @@ class SpecEM(Method):
         def shares(member) -> list[float]:
             if not self.reuse_cache:
                 member.drop_cache()
-            values = member.score(texts, base=base, ends=ends, raw=self.scoring == "logit")
-            if self.scoring == "pmi":
-                prior = prior_scores(member, texts, ends, raw_prompt, base=base)
-                return pmi_shares(values, prior)
-            return normalise(values, self.scoring)
+            return member_shares(member, texts, ends, self.scoring, raw_prompt, base, base)
 
         rows = each(self.members, shares)  # remote members score concurrently
         return torch.tensor(rows, dtype=torch.float64)
