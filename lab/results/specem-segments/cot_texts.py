@@ -1,7 +1,7 @@
-"""Each configuration's text and verdict on the shipped three's chain-of-thought problems of a
+"""Each configuration's text and verdict on the shipped members' chain-of-thought problems of a
 seed (greedy, 128 new tokens, 1 torch thread), written to a JSON file.
 
-    PYTHONPATH=. python lab/results/specem-segments/tuning-seed-2/cot_texts.py 200 2 OUT.json \
+    PYTHONPATH=. python lab/results/specem-segments/cot_texts.py 200 2 OUT.json \
       '{"specem": ["specem", {}], "specem L4": ["specem", {"segment_tokens": 4}]}' [4]
 
 The last argument: which of the loaded members, by index (0 tb-gpt2-bpe, 1 tb-qwen2-spm,
