@@ -1,0 +1,73 @@
+"""CPU time the key/value store spends per forward pass: building a pass's cache and writing
+each layer's new keys and values (`PassCache.__init__` and `.write`), timed around each call,
+on the engine as it is and with `stacked-store.diff` applied (apply it, run again, compare).
+
+    PYTHONPATH=. python lab/results/concurrency-python-levers/write_time.py shipped safe 12 1
+    PYTHONPATH=. python lab/results/concurrency-python-levers/write_time.py shipped single 48 8
+    PYTHONPATH=. python lab/results/concurrency-python-levers/write_time.py real safe 6 1
+
+Arguments: the members (shipped three or the real pair), the method, how many problems
+(chain-of-thought problems of seed 5; the real task's short questions of seed 5), how many at
+once. Greedy, 1 torch thread, stop ids ignored, 32 new tokens (24 on the real pair).
+"""
+
+import hashlib
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from core import Ensemble, kv
+from core.config import GenerationConfig
+
+torch.set_num_threads(1)
+which, method, n, level = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cache_class = kv._pass_cache_class()
+spent = {"build": [0, 0.0], "write": [0, 0.0]}
+build, write = cache_class.__init__, cache_class.write
+
+
+def timed(name, function):
+    def run(*args):
+        start = time.perf_counter()
+        try:
+            return function(*args)
+        finally:
+            spent[name][0] += 1
+            spent[name][1] += time.perf_counter() - start
+
+    return run
+
+
+cache_class.__init__, cache_class.write = timed("build", build), timed("write", write)
+if which == "real":
+    from core.testbed.real.problems import make_real_problems
+    from core.testbed.real_models import real_members
+
+    ens = Ensemble.from_pretrained(real_members(), method=method, prefix_reuse=False)
+    problems, tokens = make_real_problems(n, seed=5), 24
+else:
+    from core.testbed import make_problems
+    from core.testbed.models import model_paths
+
+    ens = Ensemble.from_pretrained([str(p) for p in model_paths()], method=method,
+                                   prefix_reuse=False)  # fmt: skip
+    problems, tokens = make_problems(n, seed=5), 32
+ens.max_concurrency = max(level, 1)
+for member in ens.members:
+    member.stop_ids = frozenset()
+config = GenerationConfig(max_new_tokens=tokens)
+start = time.perf_counter()
+with ThreadPoolExecutor(level) as pool:
+    texts = list(pool.map(lambda p: ens.generate(p.messages, config).text, problems))
+total = time.perf_counter() - start
+passes = spent["build"][0]
+layers = spent["write"][0] / passes
+print(f"{which} {method}, {n} problems, {level} at once: {total:.2f} s, {passes} passes, "
+      f"{layers:.1f} layer writes per pass")  # fmt: skip
+for name, (calls, seconds) in spent.items():
+    per_call, per_pass = seconds * 1e6 / calls, seconds * 1e6 / passes
+    print(f"  {name}: {calls} calls, {per_call:.1f} us per call, {per_pass:.1f} us per pass, "
+          f"{100 * seconds / total:.1f} % of the time")  # fmt: skip
+print("  texts:", hashlib.sha256("\x00".join(texts).encode()).hexdigest()[:12])
