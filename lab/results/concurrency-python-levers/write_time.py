@@ -1,6 +1,7 @@
 """CPU time the key/value store spends per forward pass: building a pass's cache and writing
-each layer's new keys and values (`PassCache.__init__` and `.write`), timed around each call,
-on the engine as it is and with `stacked-store.diff` applied (apply it, run again, compare).
+each layer's new keys and values (`KVStore.pass_cache` and the cache's `write`), timed around
+each call, on the engine as it is and with `stacked-store.diff` applied (apply it, run again,
+compare).
 
     PYTHONPATH=. python lab/results/concurrency-python-levers/write_time.py shipped safe 12 1
     PYTHONPATH=. python lab/results/concurrency-python-levers/write_time.py shipped single 48 8
@@ -18,14 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from core import Ensemble, kv
+from core import Ensemble
 from core.config import GenerationConfig
+from core.kv import KVStore
 
 torch.set_num_threads(1)
 which, method, n, level = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-cache_class = kv._pass_cache_class()
 spent = {"build": [0, 0.0], "write": [0, 0.0]}
-build, write = cache_class.__init__, cache_class.write
 
 
 def timed(name, function):
@@ -40,7 +40,19 @@ def timed(name, function):
     return run
 
 
-cache_class.__init__, cache_class.write = timed("build", build), timed("write", write)
+build = timed("build", KVStore.pass_cache)
+
+
+def pass_cache(store, *args):
+    """A pass's cache built, timed; its class's `write` timed from the first pass on."""
+    cache = build(store, *args)
+    if not hasattr(type(cache).write, "timed"):
+        type(cache).write = timed("write", type(cache).write)
+        type(cache).write.timed = True
+    return cache
+
+
+KVStore.pass_cache = pass_cache
 if which == "real":
     from core.testbed.real.problems import make_real_problems
     from core.testbed.real_models import real_members
