@@ -25,7 +25,7 @@ VARIANTS = {  # label: the batcher's settings (rows per pass at most, patience, 
     "no patience (the leader runs whoever is queued)": {
         "LAB_PATIENCE": "0",
         "LAB_PATIENCE_FLOOR": "0",
-    },  # fmt: skip
+    },
     "4 rows, no patience": {"LAB_MAX_ROWS": "4", "LAB_PATIENCE": "0", "LAB_PATIENCE_FLOOR": "0"},
 }
 
@@ -37,13 +37,11 @@ def measure(method: str, level: int) -> None:
     from core import Ensemble
     from core.config import GenerationConfig
     from core.testbed import make_problems
-    from core.testbed.models import model_paths
+    from lab.bench.setups import load_members
 
     torch.set_num_threads(1)
-    ens = Ensemble.from_pretrained([str(p) for p in model_paths()], method=method,
-                                   prefix_reuse=False, max_concurrency=level)  # fmt: skip
-    for member in ens.members:
-        member.stop_ids = frozenset()
+    members = load_members(None, ignore_stop=True)  # the shipped three
+    ens = Ensemble(members, method, prefix_reuse=False, max_concurrency=level)
     config = GenerationConfig(max_new_tokens=32)
     prompts = [p.messages for p in make_problems(64, seed=5)]
     for prompt in prompts[:3]:

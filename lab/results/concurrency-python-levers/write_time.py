@@ -22,6 +22,7 @@ import torch
 from core import Ensemble
 from core.config import GenerationConfig
 from core.kv import KVStore
+from lab.bench.setups import load_members
 
 torch.set_num_threads(1)
 which, method, n, level = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -57,18 +58,13 @@ if which == "real":
     from core.testbed.real.problems import make_real_problems
     from core.testbed.real_models import real_members
 
-    ens = Ensemble.from_pretrained(real_members(), method=method, prefix_reuse=False)
-    problems, tokens = make_real_problems(n, seed=5), 24
+    models, problems, tokens = real_members(), make_real_problems(n, seed=5), 24
 else:
     from core.testbed import make_problems
-    from core.testbed.models import model_paths
 
-    ens = Ensemble.from_pretrained([str(p) for p in model_paths()], method=method,
-                                   prefix_reuse=False)  # fmt: skip
-    problems, tokens = make_problems(n, seed=5), 32
-ens.max_concurrency = max(level, 1)
-for member in ens.members:
-    member.stop_ids = frozenset()
+    models, problems, tokens = None, make_problems(n, seed=5), 32  # the shipped three
+members = load_members(models, ignore_stop=True)
+ens = Ensemble(members, method, prefix_reuse=False, max_concurrency=level)
 config = GenerationConfig(max_new_tokens=tokens)
 start = time.perf_counter()
 with ThreadPoolExecutor(level) as pool:
