@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         action="append",
         default=[],
-        help="a member: a directory, .gguf file or hub id, or a JSON object of Local's or "
-        "Remote's fields (repeat for each member)",
+        help="a member: a directory, .gguf file, ollama:NAME (a model Ollama pulled) or hub id, "
+        "or a JSON object of Local's or Remote's fields (repeat for each member)",
     )
     p.add_argument("--method", default=DEFAULT_METHOD)
     p.add_argument("--option", action="append", default=[], help="method option key=value")

@@ -73,9 +73,10 @@ def given_options(args: argparse.Namespace, groups: Iterable[str]) -> dict[str, 
 
 
 def parse_models(values: Sequence[str]) -> list[str | dict]:
-    """`--model` values: a directory, a .gguf file or a hub id as it is; a JSON object is one
-    member's fields (`{"path": ..., "chat_template": ..., "stop": [...]}` for a Local,
-    `{"base_url": ...}` for a Remote), which `core.sources.model_sources` reads."""
+    """`--model` values: a directory, a .gguf file, an Ollama name or a hub id as it is; a
+    JSON object is one member's fields (`{"path": ..., "chat_template": ..., "stop": [...]}`
+    for a Local, `{"base_url": ...}` for a Remote), which `core.sources.model_sources`
+    reads."""
     members: list[str | dict] = []
     for value in values:
         if not value.lstrip().startswith("{"):

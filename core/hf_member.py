@@ -86,9 +86,9 @@ class HFMember(Member):
         use_safetensors: bool = True,
         attn_implementation: str | None = None,
     ) -> HFMember:
-        """A member from a model directory, a GGUF file or a hub id, or from a `Local(...)`
-        spec, whose own options (chat template, stop strings, device, dtype, name) win over
-        the arguments here."""
+        """A member from a model directory, a GGUF file, an Ollama model name or a hub id, or
+        from a `Local(...)` spec, whose own options (chat template, stop strings, device,
+        dtype, name) win over the arguments here."""
         from .few_rows import use_few_row_kernels
         from .gguf import is_gguf
         from .loading import (
@@ -101,7 +101,7 @@ class HFMember(Member):
             resolve_dtype,
         )
 
-        spec = source if isinstance(source, Local) else Local(source)
+        spec = (source if isinstance(source, Local) else Local(source)).resolved()
         path = check_model_source(spec.path, use_safetensors)
         resolved = resolve_device(spec.device or device)
         resolved_dtype = resolve_dtype(spec.dtype or dtype, resolved)

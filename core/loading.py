@@ -27,6 +27,7 @@ from .errors import (
     TokenizerMismatchError,
 )
 from .gguf import check_file, looks_like_gguf, shared_reader, translated
+from .ollama import find_model, is_ollama_name
 from .validate import check_bool
 
 TOKENIZER_PROBE = "Tom has 7 apples.\nHe buys 15 more:  7 + 15 = 22. Caf\u00e9 \u2603 <tag> done."
@@ -89,6 +90,8 @@ def check_model_source(spec: str | os.PathLike, use_safetensors: bool = True) ->
             "a model path is empty; pass a local directory (with config.json and weights) or a "
             "hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
         )
+    if is_ollama_name(spec):
+        return str(find_model(spec).path)
     path = Path(spec).expanduser()
     if looks_like_gguf(path):
         check_file(path)

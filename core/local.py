@@ -10,13 +10,14 @@ twin of `Remote(...)`, and goes wherever a path goes (`Ensemble.from_pretrained`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import InvalidConfigError
+from .ollama import find_model, is_ollama_name, member_name
 from .validate import check_strings
 
 _JINJA_MARKS = ("{{", "{%")
@@ -28,7 +29,9 @@ class Local:
 
     path: a model directory (config.json, weights, tokenizer files), a GGUF file (what llama.cpp,
         Ollama and LM Studio keep; loaded through transformers, dequantized, with the tokenizer
-        and the chat template its metadata holds), or a hub id.
+        and the chat template its metadata holds), a model Ollama has pulled, named as Ollama
+        names it ('ollama:llama3.2:1b': its GGUF file, with the stop strings of its parameters
+        unless `stop` is given; `core.ollama`), or a hub id.
     chat_template: the member's chat template, as Jinja text or the path of a file holding it;
         None keeps the model's own. A base model has none: give it one here to chat with it.
     stop: the strings the template ends a turn with, where the model's own end-of-turn token
@@ -73,12 +76,25 @@ class Local:
 
     @property
     def label(self) -> str:
-        """The member's name before loading: `name`, else the directory or file name (a GGUF
-        file without its suffix), else the hub id."""
+        """The member's name before loading: `name`, else an Ollama model's name, else the
+        directory or file name (a GGUF file without its suffix), else the hub id."""
         if self.name:
             return self.name
+        if is_ollama_name(self.path):
+            return member_name(self.path)
         path = Path(self.path)
         return (path.stem if path.suffix == ".gguf" else path.name) or self.path
+
+    def resolved(self) -> Local:
+        """This spec with an Ollama name replaced by the model's GGUF file: the member keeps
+        the name as written and the stop strings of the model's parameters, unless the spec
+        sets its own."""
+        if not is_ollama_name(self.path):
+            return self
+        model = find_model(self.path)
+        return replace(
+            self, path=str(model.path), stop=self.stop or model.stop, name=self.name or model.name
+        )
 
     def template_text(self) -> str | None:
         """The chat template to give the member (a file's content is read here)."""

@@ -99,7 +99,7 @@ class EnsembleSpec:
         if not self.members:
             raise InvalidConfigError(
                 "serve needs members: --model PATH (repeat per member: a directory, a .gguf "
-                "file, a hub id, or a JSON object of Local's or Remote's fields) or "
+                "file, ollama:NAME, a hub id, or a JSON object of Local's or Remote's fields) or "
                 "members = [...] in the --config file."
             )
         return Ensemble.from_pretrained(
