@@ -180,10 +180,19 @@ class Vocab:
         )
 
     def _raw_encode(self, text):
+        """Ids of a text (or of each text of a list), control-token look-alikes read as text:
+        what `tokenizer(text, add_special_tokens=False, split_special_tokens=True)` gives, from
+        the Rust tokenizer directly, 2-3 times faster (a Vocab encodes every token's spelling
+        when it is built: 256k strings for Gemma)."""
+        backend = self.tokenizer.backend_tokenizer
         with tokenizer_lock(self.tokenizer):
-            return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
-                "input_ids"
-            ]
+            before, backend.encode_special_tokens = backend.encode_special_tokens, True
+            try:
+                if isinstance(text, str):
+                    return backend.encode(text, add_special_tokens=False).ids
+                return [e.ids for e in backend.encode_batch(text, add_special_tokens=False)]
+            finally:
+                backend.encode_special_tokens = before
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Ids of a rendered prompt: its special tokens (the template's markers) stay tokens."""
