@@ -235,8 +235,8 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # alone, every method at its defaults and best options, SAFE with next-token decisions and as
   # published; on rag also SAFE, SpecEM and rerank after Ensemble.calibrate on the prompts of 12
   # rag problems of seed 2: on qa prompts calibration leaves the weights equal), then tool use.
-  # Problems per form: 60 qa, 60 rag, 40 tool (REAL_QA_N, REAL_RAG_N,
-  # REAL_TOOL_N choose others). Not part of `all`: it needs the real extra.
+  # Problems per form: 60 qa, 60 rag, 40 tool, 200 through LlamaIndex (REAL_QA_N, REAL_RAG_N,
+  # REAL_TOOL_N, REAL_LLAMAINDEX_N choose others). Not part of `all`: it needs the real extra.
   local form n calibrate
   for form in qa rag; do
     n=${REAL_QA_N:-60}; calibrate=0
@@ -260,6 +260,10 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # the default against each member alone on 100 tool problems (the first 40 are the above)
   $BENCH --task real --form tool --n 100 --seed 1 --threads 1 --max-new-tokens 160 \
     --methods single,safe --out "$OUT/real-tool-100"
+  # retrieval through LlamaIndex's query engine on the real task's rag form: every member alone
+  # and every method at its defaults (REAL_LLAMAINDEX_N problems, 200 by default)
+  $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
+    --out "$OUT/real-rag"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
