@@ -22,6 +22,7 @@ from core import (
     ModelLoadError,
 )
 from core.cli_options import parse_models
+from core.gguf import shared_reader
 from core.serve.settings import build_settings
 from core.shared import configuration_key
 from core.sources import model_sources, public_sources
@@ -69,6 +70,26 @@ def test_a_gguf_file_without_the_suffix_is_read_by_its_magic(tiny_gguf, tmp_path
     shutil.copy(tiny_gguf, blob)  # how Ollama keeps a model
     member = HFMember.load(blob, device="cpu")
     assert member.tokenizer.chat_template == CHATML
+
+
+def test_one_load_reads_a_file_once_and_reads_what_ggufs_own_reader_reads(tiny_gguf):
+    """While a member loads, transformers' readers of one file are one reader, over a plain
+    array view of the file's memory map: the same fields and tensors as gguf's reader."""
+    import gguf
+    import numpy as np
+
+    alone = gguf.GGUFReader(tiny_gguf)
+    with shared_reader():
+        shared = gguf.GGUFReader(tiny_gguf)
+        assert gguf.GGUFReader(str(tiny_gguf)) is shared
+    assert gguf.GGUFReader(tiny_gguf) is not shared  # the context ended: gguf's own again
+    assert list(shared.fields) == list(alone.fields)
+    for ours, theirs in zip(shared.fields.values(), alone.fields.values(), strict=True):
+        assert (ours.types, ours.data) == (theirs.types, theirs.data)
+        assert all(np.array_equal(a, b) for a, b in zip(ours.parts, theirs.parts, strict=True))
+    assert [t.name for t in shared.tensors] == [t.name for t in alone.tensors]
+    pairs = zip(shared.tensors, alone.tensors, strict=True)
+    assert all(np.array_equal(a.data, b.data) for a, b in pairs)
 
 
 def test_a_gguf_file_loads_dequantized_in_the_dtype_asked_without_a_false_warning(
