@@ -74,15 +74,21 @@ def test_a_gguf_file_without_the_suffix_is_read_by_its_magic(tiny_gguf, tmp_path
 
 def test_one_load_reads_a_file_once_and_reads_what_ggufs_own_reader_reads(tiny_gguf):
     """While a member loads, transformers' readers of one file are one reader, over a plain
-    array view of the file's memory map: the same fields and tensors as gguf's reader."""
+    array view of the file's memory map (the same fields and tensors as gguf's reader), and
+    its name maps of one architecture and depth one map."""
     import gguf
     import numpy as np
 
     alone = gguf.GGUFReader(tiny_gguf)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
     with shared_reader():
         shared = gguf.GGUFReader(tiny_gguf)
         assert gguf.GGUFReader(str(tiny_gguf)) is shared
+        name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is name_map
+        assert name_map.mapping == names.mapping
     assert gguf.GGUFReader(tiny_gguf) is not shared  # the context ended: gguf's own again
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is not name_map
     assert list(shared.fields) == list(alone.fields)
     for ours, theirs in zip(shared.fields.values(), alone.fields.values(), strict=True):
         assert (ours.types, ours.data) == (theirs.types, theirs.data)
