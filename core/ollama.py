@@ -79,7 +79,7 @@ def find_model(spec: str) -> OllamaModel:
     checked, `core.gguf.check_file`) and stop strings."""
     name = member_name(spec)
     parts = manifest_parts(name)
-    label = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:{DEFAULT_TAG}"
+    label = name if name.endswith(f":{parts[-1]}") else f"{name}:{parts[-1]}"  # with its tag
     searched = models_dirs()
     for root in searched:
         manifest = _find_path(root / "manifests", parts)
