@@ -5,6 +5,8 @@ in, and what the ensemble does (ensemble points, segment winners, weights) print
     python examples/langchain_chain.py                     # SAFE, a testbed question
     python examples/langchain_chain.py --method specem --question "Tom has 3 pens. ..."
     python examples/langchain_chain.py --real              # a question of the real task
+    python examples/langchain_chain.py --model ollama:qwen2.5:0.5b --model ollama:llama3.2:1b \
+        --question "What is the capital of Australia?"   # your own members
 
 Runs offline on CPU. `astream_events(version="v2")` gives the chain's text and the ensemble's
 custom events (`on_custom_event`, named `ensemble.<event>`) in one stream, in order.
@@ -47,7 +49,7 @@ async def main(args: argparse.Namespace) -> None:
     bed = testbed(args.real)
     question = args.question or bed.problems(1, seed=3)[0].question  # seed 3: a tuning seed
     chat = ChatEnsemble(
-        models=bed.members(),
+        models=args.model or bed.members(),
         method=args.method,
         max_tokens=args.max_tokens,
         ensemble_events=EVENTS,
@@ -80,6 +82,13 @@ if __name__ == "__main__":
     parser.add_argument("--question", default=None, help="default: a question of the testbed")
     parser.add_argument(
         "--real", action="store_true", help="the real pair (the real extra), a real question"
+    )
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a member of your own instead of the testbed's (repeat for each): a directory, a "
+        ".gguf file, ollama:NAME (a model Ollama pulled) or a hub id",
     )
     parser.add_argument("--max-tokens", type=int, default=96)
     asyncio.run(main(parser.parse_args()))

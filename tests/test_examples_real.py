@@ -185,7 +185,9 @@ def test_the_tool_examples_run_on_the_real_task(name, argv, tiny_as_real, monkey
 @needs_trained
 async def test_the_chain_example_asks_a_real_question(tiny_as_real, capsys):
     example = load_example("langchain_chain")
-    await example.main(argparse.Namespace(method="safe", question=None, max_tokens=8, real=True))
+    await example.main(
+        argparse.Namespace(method="safe", question=None, max_tokens=8, real=True, model=[])
+    )
     out = capsys.readouterr().out
     assert make_real_problems(1, seed=3)[0].question in out
 

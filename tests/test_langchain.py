@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from core import Ensemble
 from core.errors import InvalidConfigError, ModelNotFoundError
 from core.methods import METHOD_NAMES
-from core.testbed import MODEL_ORDER
+from core.testbed import MODEL_ORDER, model_paths
 from langchain_ensemble import ChatEnsemble
 from langchain_ensemble.events import EVENT_NAMES
 
@@ -397,9 +397,14 @@ async def test_the_example_streams_the_answer_and_the_ensemble_events(capsys):
     spec.loader.exec_module(example)
     question = "Max has 7 buttons. He donates 3. Then he collects 9 more. How many buttons?"
     await example.main(
-        argparse.Namespace(method="specem", question=question, max_tokens=8, real=False)
+        argparse.Namespace(method="specem", question=question, max_tokens=8, real=False, model=[])
     )
     out = capsys.readouterr().out
     assert "ensemble-specem:tb-gpt2-bpe+tb-qwen2-spm+tb-llama-word" in out
     assert "[round 1: tb-" in out and " wins with " in out  # events, as they arrived
     assert "E/T" in out and "'input_tokens':" in out
+    two = [str(path) for path in model_paths()[:2]]  # members of the user's own (--model)
+    await example.main(
+        argparse.Namespace(method="safe", question=question, max_tokens=8, real=False, model=two)
+    )
+    assert "ensemble-safe:tb-gpt2-bpe+tb-qwen2-spm\n" in capsys.readouterr().out
