@@ -31,7 +31,7 @@ from typing import Any
 from .admission import Admission, Slot, default_concurrency
 from .batching import RequestThreads
 from .calibration import MAX_NEW_TOKENS as CALIBRATION_TOKENS
-from .calibration import check_prompts, peer_rates, rate_weights
+from .calibration import check_prompts, judge, rate_weights
 from .chat import normalize_messages, raw_prompt_text
 from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
@@ -255,15 +255,18 @@ class Ensemble:
         each member answers `prompts` alone (strings or message lists; None: the built-in
         set), every member scores every answer, and a member's weight is proportional to how
         often the OTHER members prefer its answer. A member no other member ever prefers falls
-        under `weight_floor` and is no longer run. Learning stops (`learn_weights=False`), so
-        each request's text still depends on that request alone; `save_weights` keeps the
-        result. Returns the weights."""
+        under `weight_floor` and is no longer run. A voting method (SpecEM, rerank) also gets
+        each member's self-preference as a judge, and its votes take the excess over the least
+        self-preferring member off each voter's own candidates (`summary()` shows it).
+        Learning stops (`learn_weights=False`), so each request's text still depends on that
+        request alone; `save_weights` keeps the result. Returns the weights."""
         prompts = check_prompts(prompts)
         if len(self.members) < 2:
             raise InvalidConfigError(
                 "calibrate() weighs members against each other; this ensemble has one member."
             )
-        self.trust.fix(rate_weights(peer_rates(self.members, prompts, max_new_tokens)))
+        measured = judge(self.members, prompts, max_new_tokens, self.algorithm.vote_score)
+        self.trust.fix(rate_weights(measured.rates), measured.self_preference)
         return self.member_weights
 
     def summary(self) -> dict:
@@ -339,7 +342,7 @@ class Ensemble:
         plan = self.trust.plan()
         for name in [m.name for m in algorithm.members if m.name not in plan.asked]:
             algorithm = algorithm.without(name)
-        request.trust = TrustView(plan.weights, self.trust)
+        request.trust = TrustView(plan.weights, self.trust, plan.self_preference)
         request.stats.member_weights = dict(plan.weights)
         if plan.probe:
             request.stats.count("trust_probe")

@@ -12,6 +12,12 @@ onto the one member that backs a little more often nor stop adapting. A lower cl
 every weight above 0. A request's decisions update the trust when the request finishes, in one
 locked step: concurrent requests lose no update, and a request that fails leaves no trace.
 
+`Ensemble.calibrate` may also set each member's self-preference (`SelfPreference`): how much
+more it likes its own answers than the others' when it judges them. SpecEM's and rerank's votes
+take the excess over the least self-preferring voter off a voter's own candidate, so a member
+that is merely surer of its own text does not win every vote. It is measured once and frozen
+with the weights, never learned.
+
 The methods read the weights as follows:
 - weighted aggregation in `token` and SAFE;
 - the prior of SpecEM's vote;
@@ -33,7 +39,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -50,6 +56,7 @@ from .vocab import EOS
 # however long it learns: weights stay a graded mixture, not a collapse onto one member.
 SPREAD = 3.0
 MAX_ETA = 50.0  # Hedge's step, bounded: exp(50) cannot overflow, so weights never become NaN
+PREFERENCE_SCORES = ("logprob", "min")  # the softmaxed vote scores a self-preference is in
 MIN_WEIGHT = 1e-6  # no weight falls below this: each stays positive, so each can recover
 FILE_FORMAT = "llm-ensembling member weights"
 
@@ -91,6 +98,32 @@ def backers(
 
 
 @dataclass(frozen=True)
+class SelfPreference:
+    """Each member's mean margin, as a judge, for its own answer over the other members'
+    answers, in the vote's `score` ("logprob": mean token log-prob; "min": the least likely
+    token's), measured on calibration prompts where the answers differ. An instruction-tuned
+    member prefers its own text by several nats where a base model prefers its own by about
+    one, so without a correction the surer author wins the vote whoever is right."""
+
+    score: str
+    margins: dict[str, float]
+
+    def offsets(self, names: Sequence[str]) -> list[float] | None:
+        """What each of these voters' own candidates lose before its softmax: its margin above
+        the least self-preferring voter's, so every voter prefers its own text as much as that
+        one does (a member without a margin counts as that one). None when nothing moves."""
+        known = [self.margins[n] for n in names if n in self.margins]
+        if not known:
+            return None
+        least = min(known)
+        offsets = [max(self.margins.get(n, least) - least, 0.0) for n in names]
+        return offsets if any(offsets) else None
+
+    def to_json(self) -> dict:
+        return {"score": self.score, "margins": dict(self.margins)}
+
+
+@dataclass(frozen=True)
 class TrustPlan:
     """The trust as one request sees it. `weights` is the snapshot the request uses; `asked`
     lists the members it runs, in ensemble order. A member under the floor is left out unless
@@ -99,6 +132,7 @@ class TrustPlan:
     weights: dict[str, float]
     asked: list[str]
     probe: bool = False
+    self_preference: SelfPreference | None = None
 
 
 class TrustView:
@@ -108,9 +142,13 @@ class TrustView:
     was."""
 
     def __init__(
-        self, weights: Mapping[str, float] | None = None, trust: MemberTrust | None = None
+        self,
+        weights: Mapping[str, float] | None = None,
+        trust: MemberTrust | None = None,
+        self_preference: SelfPreference | None = None,
     ) -> None:
         self.weights = dict(weights or {})
+        self.self_preference = self_preference  # calibrated, frozen; None: no correction
         self._trust = trust
         self._decisions: list[dict[str, float]] = []
 
@@ -158,6 +196,7 @@ class MemberTrust:
         self.learn, self.lr, self.floor, self.probe_every = learn, lr, floor, probe_every
         self._lock = threading.Lock()
         self._weights = _uniform(len(self.names))
+        self.self_preference: SelfPreference | None = None  # set by calibration only
         self.updates = 0  # updates applied since the last reset or load
         self.requests = 0  # requests planned (the probe schedule counts them)
 
@@ -174,10 +213,11 @@ class MemberTrust:
             self.requests += 1
             weights = self._weights.clone()
             probe = self.learn and self.requests % self.probe_every == 0
+            preference = self.self_preference
         bar = self.floor / len(self.names)
         named = self._named(weights)
         asked = [n for n, w in named.items() if probe or w >= bar]
-        return TrustPlan(named, asked, probe)
+        return TrustPlan(named, asked, probe, preference)
 
     def summary(self) -> dict:
         return {
@@ -187,6 +227,7 @@ class MemberTrust:
             "weight_floor": self.floor,
             "probe_every": self.probe_every,
             "weight_updates": self.updates,
+            "self_preference": self.self_preference.to_json() if self.self_preference else None,
         }
 
     # --- writing ---------------------------------------------------------------------------
@@ -222,9 +263,11 @@ class MemberTrust:
         return TrustUpdated(total, len(steps), named, _mean_rewards(moving))
 
     def reset(self) -> None:
-        """Equal weights again: every method then decides exactly as it does without trust."""
+        """Equal weights again, no self-preference: every method then decides exactly as it
+        does without trust."""
         with self._lock:
             self._weights = _uniform(len(self.names))
+            self.self_preference = None
             self.updates = 0
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -237,6 +280,8 @@ class MemberTrust:
                 "weights": self._named(self._weights),
                 "updates": self.updates,
             }
+            if self.self_preference is not None:
+                data["self_preference"] = self.self_preference.to_json()
         text = json.dumps(data, indent=2, allow_nan=False) + "\n"
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
@@ -263,16 +308,20 @@ class MemberTrust:
         `freeze=True` (the default) keeps them fixed from then on. `freeze=False` keeps the
         current mode, so a learning trust learns on from them."""
         freeze = check_bool("freeze", freeze)
-        weights = _read_weights(Path(path), self.names)
+        weights, preference = _read_weights(Path(path), self.names)
         with self._lock:
             self._weights = weights
+            self.self_preference = preference
             self.updates = 0
             if freeze:
                 self.learn = False
 
-    def fix(self, weights: Mapping[str, float]) -> None:
-        """Set the weights (one finite weight above 0 per member, normalised) and freeze them:
-        what `Ensemble.calibrate` measured stays until the next calibration or load."""
+    def fix(
+        self, weights: Mapping[str, float], self_preference: SelfPreference | None = None
+    ) -> None:
+        """Set the weights (one finite weight above 0 per member, normalised) and the
+        self-preference, and freeze them: what `Ensemble.calibrate` measured stays until the
+        next calibration or load."""
         if sorted(weights) != sorted(self.names):
             raise InvalidConfigError(
                 f"weights name {sorted(weights)}; give one per member: {self.names}."
@@ -282,6 +331,7 @@ class MemberTrust:
             raise InvalidConfigError(f"every weight must be finite and above 0, got {weights}.")
         with self._lock:
             self._weights = values / values.sum()
+            self.self_preference = self_preference
             self.updates = 0
             self.learn = False
 
@@ -304,9 +354,9 @@ def _uniform(k: int) -> torch.Tensor:
     return torch.full((k,), 1.0 / k, dtype=torch.float64)
 
 
-def _read_weights(path: Path, names: list[str]) -> torch.Tensor:
-    """The weights in a file, in `names` order and normalised. Any problem raises
-    InvalidConfigError naming the file and the problem."""
+def _read_weights(path: Path, names: list[str]) -> tuple[torch.Tensor, SelfPreference | None]:
+    """The weights in a file, in `names` order and normalised, and its self-preference if it
+    has one. Any problem raises InvalidConfigError naming the file and the problem."""
 
     def fail(problem: str) -> NoReturn:
         raise InvalidConfigError(f"member weights file {str(path)!r}: {problem}")
@@ -343,7 +393,34 @@ def _read_weights(path: Path, names: list[str]) -> torch.Tensor:
     weights = torch.tensor(values, dtype=torch.float64)
     if abs(float(weights.sum()) - 1.0) > 1e-9:  # what save wrote is kept bit for bit
         weights = weights / weights.sum()
-    return weights
+    return weights, _read_self_preference(data.get("self_preference"), names, fail)
+
+
+def _read_self_preference(
+    given: object, names: list[str], fail: Callable[[str], NoReturn]
+) -> SelfPreference | None:
+    """The optional "self_preference" of a weights file: {"score": "logprob" | "min",
+    "margins": {member name: nats}} naming only this ensemble's members."""
+    if given is None:
+        return None
+    example = '"self_preference": {"score": "logprob", "margins": {member name: nats, ...}}'
+    if not isinstance(given, dict) or not isinstance(given.get("margins"), dict):
+        fail(f"expected {example}, or no self_preference.")
+    if given.get("score") not in PREFERENCE_SCORES:
+        fail(f"self_preference score is {given.get('score')!r}; use one of {PREFERENCE_SCORES}.")
+    unknown = [n for n in given["margins"] if n not in names]
+    if unknown:
+        fail(f"self_preference names {unknown}, not members of this ensemble ({names}).")
+    margins = {}
+    for name, value in given["margins"].items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            fail(f"the self_preference of {name!r} is {value!r}, not a finite number.")
+        margins[name] = float(value)
+    return SelfPreference(given["score"], margins)
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:

@@ -147,6 +147,13 @@ class Method(ABC):
         """The members this method runs (the facade starts only these for a request)."""
         return self.members
 
+    @property
+    def vote_score(self) -> str | None:
+        """The score this method's vote softmaxes over candidates that members wrote ("logprob"
+        or "min"), in which `Ensemble.calibrate` measures each member's self-preference; None
+        for a method that does not vote over its members' own candidates."""
+        return None
+
     def trusting(self, weights: dict[str, float]) -> Method:
         """This method for a request that starts with the ensemble's member `weights`. Roles
         that follow trust are set here, before any prompt is rendered; SAFE's drafter is one.

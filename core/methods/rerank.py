@@ -36,6 +36,10 @@ request's tools whatever its worth. It costs one more scoring pass per member, o
 token of every answer (none of them remembered from drafting): on the real pair about twice
 rerank's time per output token by log-probs (5.1-5.5x the drafter against 2.1-2.6x).
 
+After `Ensemble.calibrate`, each member's vote first takes its calibrated self-preference above
+the least self-preferring member's off its own answer (SpecEM's `self_offsets`): a member that
+is merely surer of its own text no longer wins every vote, and nothing else is paid per request.
+
 It costs every member a whole answer plus one scoring pass, so its time per output token is
 about the sum of the members' (on one device) rather than the drafter's. What it can fix is
 also different: it picks among the members' answers and never combines two of them, so it
@@ -56,7 +60,7 @@ from ..member import Member
 from ..parallel import draft_each, each
 from .base import Commit, Method, Request
 from .pmi import check_empty_raw_prompt
-from .specem import check_score, last_space_run, member_shares, win_rates
+from .specem import SOFTMAXED, check_score, last_space_run, member_shares, self_offsets, win_rates
 
 
 @dataclass
@@ -137,9 +141,15 @@ class Rerank(Method):
             head = shared_words([a.text for a in answers]) if self.scoring == "min" else ""
             texts, ends = [a.text[len(head) :] for a in answers], [a.ended for a in answers]
 
+            authors = [set(a.authors) for a in answers]
+            offsets = self_offsets(request, self.members, authors, self.scoring)
+
             def vote(member: Member) -> list[float]:  # "pmi": the answers alone after none
                 raw_prompt = request.config.raw_prompt
-                return member_shares(member, texts, ends, self.scoring, raw_prompt, base + head, "")
+                mine = offsets[self.members.index(member)]
+                return member_shares(
+                    member, texts, ends, self.scoring, raw_prompt, base + head, "", mine
+                )
 
             shares = torch.tensor(each(self.members, vote), dtype=torch.float64)
         totals = (weights[:, None] * shares).sum(0).tolist()
@@ -161,6 +171,10 @@ class Rerank(Method):
             rates = win_rates(shares[:, [column[i] for i in authors]], authors).tolist()
             request.trust.update({names[i]: rates[i] for i in authors})
         return chosen
+
+    @property
+    def vote_score(self) -> str | None:
+        return self.scoring if self.scoring in SOFTMAXED else None
 
     def summary(self) -> dict:
         return {**super().summary(), "score": self.scoring}

@@ -1,0 +1,89 @@
+"""Calibrated self-preference through the public API: a member that is merely surer of its own
+answers stops winning SpecEM's and rerank's votes once `calibrate` has measured how much more
+it likes its own text than the others do theirs; the correction is frozen, saved and loaded
+with the weights, cleared by a reset, and a bad file is refused with nothing changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scripted import Scripted
+
+from core import Ensemble, InvalidConfigError
+
+SURE, MODEST = "The answer is 12.", "The answer is 13."
+QUESTION = [{"role": "user", "content": "What is 7 + 6?"}]
+CALIBRATION = ["What is 2 + 2?", "What is 9 - 4?", "Name a prime number."]
+
+
+@pytest.fixture
+def pair(tiny_members):
+    """ "sure" answers SURE and scores it far above MODEST on the calibration prompts (0.97 to
+    0.03), less so on QUESTION (0.75 to 0.25); "modest" answers MODEST, 0.6 to 0.4, always.
+    Uncalibrated, sure's wider margin wins the vote on QUESTION; measured against its usual
+    margin, sure likes its own answer there less than it likes its own answers elsewhere."""
+    sure = Scripted(tiny_members[0], [(SURE, 0.97), (MODEST, 0.03)], "sure")
+    sure.answer_after(QUESTION, [(SURE, 0.75), (MODEST, 0.25)])
+    modest = Scripted(tiny_members[1], [(MODEST, 0.6), (SURE, 0.4)], "modest")
+    return [sure, modest]
+
+
+@pytest.mark.parametrize("method", ["rerank", "specem"])
+def test_calibrated_self_preference_moves_the_vote_to_the_modest_member(pair, method):
+    ens = Ensemble(pair, method)
+    assert ens.generate(QUESTION, max_new_tokens=16).text == SURE
+    weights = ens.calibrate(CALIBRATION, max_new_tokens=16)
+    preference = ens.summary()["self_preference"]
+    assert preference["score"] == "logprob"
+    assert preference["margins"]["sure"] > preference["margins"]["modest"] > 0
+    assert weights == {"sure": 0.5, "modest": 0.5}  # neither prefers the other's answers
+    out = ens.generate(QUESTION, max_new_tokens=16)
+    assert out.text == MODEST
+    assert [e.winner for e in out.events if type(e).__name__ == "SegmentSelected"] == ["modest"]
+    ens.reset_weights()  # equal weights, no correction: the vote as published
+    assert ens.summary()["self_preference"] is None
+    assert ens.generate(QUESTION, max_new_tokens=16).text == SURE
+
+
+def test_self_preference_is_measured_in_the_vote_score(pair):
+    ens = Ensemble(pair, "rerank", score="min")
+    ens.calibrate(CALIBRATION, max_new_tokens=16)
+    assert ens.summary()["self_preference"]["score"] == "min"
+    assert ens.generate(QUESTION, max_new_tokens=16).text == MODEST
+    safe = Ensemble(pair, "safe")  # SAFE does not vote over its members' answers
+    safe.calibrate(CALIBRATION, max_new_tokens=16)
+    assert safe.summary()["self_preference"] is None
+
+
+def test_self_preference_is_saved_and_loaded_with_the_weights(pair, tmp_path):
+    ens = Ensemble(pair, "rerank")
+    ens.calibrate(CALIBRATION, max_new_tokens=16)
+    path = ens.save_weights(tmp_path / "trust.json")
+    saved = json.loads(path.read_text())
+    assert saved["self_preference"] == ens.summary()["self_preference"]
+    fresh = Ensemble(pair, "rerank")
+    fresh.load_weights(path)
+    assert fresh.summary()["self_preference"] == ens.summary()["self_preference"]
+    assert fresh.generate(QUESTION, max_new_tokens=16).text == MODEST
+
+
+@pytest.mark.parametrize(
+    "preference, needle",
+    [
+        ({"score": "prob", "margins": {"sure": 1.0}}, "score is 'prob'"),
+        ({"score": "logprob", "margins": {"someone": 1.0}}, "not members"),
+        ({"score": "logprob", "margins": {"sure": "high"}}, "not a finite number"),
+        ({"score": "logprob"}, "expected"),
+    ],
+)
+def test_a_bad_self_preference_in_a_weights_file_is_refused(pair, tmp_path, preference, needle):
+    path = tmp_path / "trust.json"
+    weights = {"sure": 0.5, "modest": 0.5}
+    path.write_text(json.dumps({"weights": weights, "self_preference": preference}))
+    ens = Ensemble(pair, "rerank")
+    ens.calibrate(CALIBRATION, max_new_tokens=16)
+    before = ens.summary()["self_preference"]
+    with pytest.raises(InvalidConfigError, match=needle):
+        ens.load_weights(path)
+    assert ens.summary()["self_preference"] == before
