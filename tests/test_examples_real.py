@@ -145,7 +145,9 @@ def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
 @needs_trained
 def test_the_retrieval_example_evaluates_the_real_rag_form(tiny_as_real, tmp_path):
     example = load_example("llamaindex_rag")
-    args = argparse.Namespace(real=True, eval=2, seed=2, device="cpu", threads=0, out="x")
+    args = argparse.Namespace(
+        real=True, eval=2, seed=2, device="cpu", threads=0, out="x", methods=None, calibrate=0
+    )
     result, table = example.evaluate(args)
     problems = make_real_problems(2, seed=2, form="rag")
     assert result["members"] == [m.name for m in tiny_as_real] and result["problems"] == 2
@@ -204,3 +206,27 @@ def test_the_demo_runs_on_the_real_pair(capsys):
     assert cli(["demo", "--real", "--n", "1", "--max-new-tokens", "6"]) == 0
     out = capsys.readouterr().out
     assert "smollm2-135m-instruct alone" in out and "gemma-3-270m alone" in out
+
+
+@needs_trained
+def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real):
+    example = load_example("llamaindex_rag")
+    args = argparse.Namespace(
+        real=True,
+        eval=1,
+        seed=2,
+        device="cpu",
+        threads=0,
+        out="x",
+        methods=["single", "rerank"],
+        calibrate=2,
+    )
+    result, table = example.evaluate(args)
+    singles = [f"single ({m.name})" for m in tiny_as_real]
+    assert [row["label"] for row in result["rows"]] == [*singles, "rerank (calibrated)"]
+    assert "--methods single,rerank --calibrate 2" in result["command"]
+    assert set(result["self_preference"]) <= {"rerank (calibrated)"}
+    for preference in result["self_preference"].values():
+        assert preference["score"] == "logprob"
+        assert set(preference["margins"]) == {m.name for m in tiny_as_real}
+    assert "rerank (calibrated)" in table

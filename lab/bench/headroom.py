@@ -139,7 +139,7 @@ def run(
     ensembles = {s.label: ensemble_for(members, s) for s in setups}
     config = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = _calibration_prompts(source, form, calibrate, warmup_seed)
-    weights, drafters, calibration = {}, {}, {}
+    weights, drafters, calibration, preferences = {}, {}, {}, {}
     bar = _bar(progress, len(setups) * (warmup + 1), "warm-up")
     for setup in setups:
         ensemble = ensembles[setup.label]
@@ -147,6 +147,7 @@ def run(
             started = time.perf_counter()
             ensemble.calibrate(prompts)
             calibration[setup.label] = time.perf_counter() - started
+            preferences[setup.label] = ensemble.summary()["self_preference"]
         elif warm_task and len(ensemble.members) > 1:
             ensemble.learn_weights = True  # the warm-up learns the member weights...
             for messages, _ in warm_task.items:
@@ -173,6 +174,7 @@ def run(
     _headroom_columns(rows, setups, records, names, weights, drafters)
     for row in rows:
         row["calibration_seconds"] = calibration.get(row["label"])
+        row["self_preference"] = preferences.get(row["label"])
     result = {
         "command": command,
         "task": task.name,
@@ -269,6 +271,9 @@ def markdown(
         weights = r["weights"]
         shown = ", ".join(f"{short(k)} {v:.2f}" for k, v in weights.items()) if weights else "equal"
         shown = "–" if r["method"] == "single" else shown
+        if r.get("self_preference"):  # SpecEM's and rerank's calibrated self-preference
+            margins = r["self_preference"]["margins"].items()
+            shown += "; self-preference " + ", ".join(f"{short(k)} {v:.2f}" for k, v in margins)
         if r.get("calibration_seconds") is not None:
             shown += f" ({r['calibration_seconds']:.0f} s to calibrate)"
         gap = "–" if r["method"] == "single" else pct(r["gap_closed"])

@@ -233,14 +233,15 @@ serve() {  # every method served over HTTP against the same requests in process;
 real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; the real extra)
   # on the real task's reporting seed 1: the headroom table on its qa and rag forms (each member
   # alone, every method at its defaults and best options, SAFE with next-token decisions and as
-  # published; on rag also SAFE, SpecEM and rerank after Ensemble.calibrate on the prompts of 12
-  # rag problems of seed 2: on qa prompts calibration leaves the weights equal), then tool use.
+  # published; also SAFE, SpecEM and rerank after Ensemble.calibrate on the prompts of 12
+  # problems of the form of seed 2: weights and, for SpecEM and rerank, self-preference), then
+  # tool use.
   # Problems per form: 60 qa, 60 rag, 40 tool, 200 through LlamaIndex (REAL_QA_N, REAL_RAG_N,
   # REAL_TOOL_N, REAL_LLAMAINDEX_N choose others). Not part of `all`: it needs the real extra.
   local form n calibrate
   for form in qa rag; do
-    n=${REAL_QA_N:-60}; calibrate=0
-    [ "$form" = rag ] && n=${REAL_RAG_N:-60} && calibrate=12
+    n=${REAL_QA_N:-60}; calibrate=12
+    [ "$form" = rag ] && n=${REAL_RAG_N:-60}
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods safe,specem,rerank --calibrate "$calibrate" \
       --config "safe (token decisions)=safe:decide=token" \
