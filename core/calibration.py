@@ -10,12 +10,13 @@ rate (at least `MIN_WEIGHT`), so a member whose answers no other member ever pre
 the bottom, under the trust's floor, and is not run at all.
 
 For an ensemble that votes over its members' candidates (SpecEM, rerank), the same scores also
-give each member's self-preference: its mean margin, in the vote's score, for its own answer
-over the others' answers. Votes then take each voter's excess over the least self-preferring
-voter off its own candidates (`core.trust.SelfPreference`). On the real pair's retrieval
-questions SmolLM2-135M-Instruct prefers its own answers by about 3 nats of mean token log-prob,
-Gemma-3-270M (a base model) by about 1: without the correction SmolLM2's answer wins nearly every
-vote, though Gemma's is right more often.
+give each member's self-preference: how far, in the vote's score, it sets its own answer apart
+from the others' (the mean absolute margin). Votes then softmax each voter's scores at a
+temperature of its margin over the least partial voter's (`core.trust.SelfPreference`). On the
+real pair's retrieval questions SmolLM2-135M-Instruct sets its own answers about 3 nats of mean
+token log-prob above Gemma's, Gemma-3-270M (a base model) its own about 1 above SmolLM2's:
+without the correction SmolLM2's answer wins nearly every vote, though Gemma's is right more
+often. Chosen on problems of seed 2 (`lab/results/self-preference/`).
 
 No label is needed, and nothing moves afterwards: the weights are fixed until calibrated or
 loaded again, so a request's text depends on that request alone (concurrent texts are
@@ -61,6 +62,7 @@ CALIBRATION_PROMPTS: tuple[str, ...] = (
     "Write a Python expression that reverses the string s.",
 )
 MAX_NEW_TOKENS = 64
+MIN_MARGIN = 1e-6  # a judge that never told its answer from another's still has a positive margin
 
 
 def check_prompts(prompts: Sequence[Any] | None) -> list[Any]:
@@ -93,9 +95,10 @@ def judge(
     score: str | None = None,
 ) -> Judgement:
     """Each member's mean win rate over the prompts, as the other members judge its answers,
-    and (with a vote `score`) its mean margin for its own answer over the others' answers, as
-    it judges them. Prompts where every member wrote the same answer tell nothing and are left
-    out (a member set that always agrees gets equal rates and no self-preference)."""
+    and (with a vote `score`) how far, on average and either way, it scores its own answer
+    from its mean score of the others' answers. Prompts where every member wrote the same
+    answer tell nothing and are left out (a member set that always agrees gets equal rates and
+    no self-preference)."""
     check_int("max_new_tokens", max_new_tokens, low=1, example=MAX_NEW_TOKENS)
     names = [m.name for m in members]
     sampler = Sampler(GenerationConfig(max_new_tokens=max_new_tokens))
@@ -116,11 +119,11 @@ def judge(
         for j, own in enumerate(columns if score else ()):
             scores = [reduced(v, score) for v in values[j]]
             others = [s for c, s in enumerate(scores) if c != own]
-            margins[j].append(scores[own] - sum(others) / len(others))
+            margins[j].append(abs(scores[own] - sum(others) / len(others)))
     rates = total / counted if counted else torch.full((len(members),), 0.5)
     preference = None
     if score and counted:
-        means = {n: sum(m) / len(m) for n, m in zip(names, margins, strict=True)}
+        means = {n: max(sum(m) / len(m), MIN_MARGIN) for n, m in zip(names, margins, strict=True)}
         preference = SelfPreference(score, means)
     return Judgement(dict(zip(names, rates.tolist(), strict=True)), preference)
 

@@ -256,8 +256,9 @@ class Ensemble:
         set), every member scores every answer, and a member's weight is proportional to how
         often the OTHER members prefer its answer. A member no other member ever prefers falls
         under `weight_floor` and is no longer run. A voting method (SpecEM, rerank) also gets
-        each member's self-preference as a judge, and its votes take the excess over the least
-        self-preferring member off each voter's own candidates (`summary()` shows it).
+        each member's self-preference as a judge, and its votes read each member's scores at
+        a temperature of its self-preference over the least partial member's (`summary()`
+        shows it).
         Learning stops (`learn_weights=False`), so each request's text still depends on that
         request alone; `save_weights` keeps the result. Returns the weights."""
         prompts = check_prompts(prompts)

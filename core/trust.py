@@ -12,11 +12,11 @@ onto the one member that backs a little more often nor stop adapting. A lower cl
 every weight above 0. A request's decisions update the trust when the request finishes, in one
 locked step: concurrent requests lose no update, and a request that fails leaves no trace.
 
-`Ensemble.calibrate` may also set each member's self-preference (`SelfPreference`): how much
-more it likes its own answers than the others' when it judges them. SpecEM's and rerank's votes
-take the excess over the least self-preferring voter off a voter's own candidate, so a member
-that is merely surer of its own text does not win every vote. It is measured once and frozen
-with the weights, never learned.
+`Ensemble.calibrate` may also set each member's self-preference (`SelfPreference`): how far it
+sets its own answers apart from the others' when it judges them. SpecEM's and rerank's votes
+read each voter's scores at a temperature of its margin over the least partial voter's, so a
+member that is merely surer of its own text does not win every vote. It is measured once and
+frozen with the weights, never learned.
 
 The methods read the weights as follows:
 - weighted aggregation in `token` and SAFE;
@@ -99,25 +99,25 @@ def backers(
 
 @dataclass(frozen=True)
 class SelfPreference:
-    """Each member's mean margin, as a judge, for its own answer over the other members'
-    answers, in the vote's `score` ("logprob": mean token log-prob; "min": the least likely
-    token's), measured on calibration prompts where the answers differ. An instruction-tuned
-    member prefers its own text by several nats where a base model prefers its own by about
-    one, so without a correction the surer author wins the vote whoever is right."""
+    """How far each member, as a judge, sets its own answer apart from the other members'
+    answers: the mean absolute difference between its score of its own answer and its mean
+    score of the others' (in the vote's `score`: "logprob", mean token log-prob; "min", the
+    least likely token's), measured on calibration prompts where the answers differ. Each
+    member prefers its own text, an instruction-tuned one by several nats where a base model
+    prefers its own by about one, so without a correction the surer judge decides every vote
+    whoever is right."""
 
     score: str
     margins: dict[str, float]
 
-    def offsets(self, names: Sequence[str]) -> list[float] | None:
-        """What each of these voters' own candidates lose before its softmax: its margin above
-        the least self-preferring voter's, so every voter prefers its own text as much as that
-        one does (a member without a margin counts as that one). None when nothing moves."""
-        known = [self.margins[n] for n in names if n in self.margins]
-        if not known:
-            return None
-        least = min(known)
-        offsets = [max(self.margins.get(n, least) - least, 0.0) for n in names]
-        return offsets if any(offsets) else None
+    def temperatures(self, names: Sequence[str]) -> list[float] | None:
+        """Each of these voters' softmax temperature: its margin over the least margin among
+        them (at least 1), so every judge's usual separation is the least partial one's and a
+        judge that separates little is never sharpened. None when nothing moves."""
+        margins = [self.margins[n] for n in names]
+        least = min(margins)
+        temperatures = [m / least for m in margins]
+        return temperatures if any(t != 1.0 for t in temperatures) else None
 
     def to_json(self) -> dict:
         return {"score": self.score, "margins": dict(self.margins)}
@@ -400,7 +400,7 @@ def _read_self_preference(
     given: object, names: list[str], fail: Callable[[str], NoReturn]
 ) -> SelfPreference | None:
     """The optional "self_preference" of a weights file: {"score": "logprob" | "min",
-    "margins": {member name: nats}} naming only this ensemble's members."""
+    "margins": {member name: nats above 0}}, one per member of this ensemble."""
     if given is None:
         return None
     example = '"self_preference": {"score": "logprob", "margins": {member name: nats, ...}}'
@@ -408,17 +408,13 @@ def _read_self_preference(
         fail(f"expected {example}, or no self_preference.")
     if given.get("score") not in PREFERENCE_SCORES:
         fail(f"self_preference score is {given.get('score')!r}; use one of {PREFERENCE_SCORES}.")
-    unknown = [n for n in given["margins"] if n not in names]
-    if unknown:
-        fail(f"self_preference names {unknown}, not members of this ensemble ({names}).")
+    if sorted(given["margins"]) != sorted(names):
+        fail(f"self_preference names {sorted(given['margins'])}; give one per member: {names}.")
     margins = {}
     for name, value in given["margins"].items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
-            fail(f"the self_preference of {name!r} is {value!r}, not a finite number.")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            fail(f"the self_preference of {name!r} is {value!r}, not a finite number above 0.")
         margins[name] = float(value)
     return SelfPreference(given["score"], margins)
 

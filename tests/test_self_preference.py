@@ -1,6 +1,6 @@
 """Calibrated self-preference through the public API: a member that is merely surer of its own
-answers stops winning SpecEM's and rerank's votes once `calibrate` has measured how much more
-it likes its own text than the others do theirs; the correction is frozen, saved and loaded
+answers stops winning SpecEM's and rerank's votes once `calibrate` has measured how far it
+usually sets its own text apart from the others'; the correction is frozen, saved and loaded
 with the weights, cleared by a reset, and a bad file is refused with nothing changed."""
 
 from __future__ import annotations
@@ -71,9 +71,11 @@ def test_self_preference_is_saved_and_loaded_with_the_weights(pair, tmp_path):
 @pytest.mark.parametrize(
     "preference, needle",
     [
-        ({"score": "prob", "margins": {"sure": 1.0}}, "score is 'prob'"),
-        ({"score": "logprob", "margins": {"someone": 1.0}}, "not members"),
-        ({"score": "logprob", "margins": {"sure": "high"}}, "not a finite number"),
+        ({"score": "prob", "margins": {"sure": 1.0, "modest": 1.0}}, "score is 'prob'"),
+        ({"score": "logprob", "margins": {"sure": 1.0, "someone": 1.0}}, "one per member"),
+        ({"score": "logprob", "margins": {"sure": 1.0}}, "one per member"),
+        ({"score": "logprob", "margins": {"sure": "high", "modest": 1.0}}, "finite number"),
+        ({"score": "logprob", "margins": {"sure": 0.0, "modest": 1.0}}, "above 0"),
         ({"score": "logprob"}, "expected"),
     ],
 )

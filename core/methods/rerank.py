@@ -36,9 +36,9 @@ request's tools whatever its worth. It costs one more scoring pass per member, o
 token of every answer (none of them remembered from drafting): on the real pair about twice
 rerank's time per output token by log-probs (5.1-5.5x the drafter against 2.1-2.6x).
 
-After `Ensemble.calibrate`, each member's vote first takes its calibrated self-preference above
-the least self-preferring member's off its own answer (SpecEM's `self_offsets`): a member that
-is merely surer of its own text no longer wins every vote, and nothing else is paid per request.
+After `Ensemble.calibrate`, each member's scores are softmaxed at a temperature of its calibrated
+self-preference over the least partial member's (SpecEM's `vote_temperatures`): a member that is
+merely surer of its own text no longer wins every vote, and nothing else is paid per request.
 
 It costs every member a whole answer plus one scoring pass, so its time per output token is
 about the sum of the members' (on one device) rather than the drafter's. What it can fix is
@@ -60,7 +60,14 @@ from ..member import Member
 from ..parallel import draft_each, each
 from .base import Commit, Method, Request
 from .pmi import check_empty_raw_prompt
-from .specem import SOFTMAXED, check_score, last_space_run, member_shares, self_offsets, win_rates
+from .specem import (
+    SOFTMAXED,
+    check_score,
+    last_space_run,
+    member_shares,
+    vote_temperatures,
+    win_rates,
+)
 
 
 @dataclass
@@ -141,14 +148,13 @@ class Rerank(Method):
             head = shared_words([a.text for a in answers]) if self.scoring == "min" else ""
             texts, ends = [a.text[len(head) :] for a in answers], [a.ended for a in answers]
 
-            authors = [set(a.authors) for a in answers]
-            offsets = self_offsets(request, self.members, authors, self.scoring)
+            temperatures = vote_temperatures(request, self.members, self.scoring)
 
             def vote(member: Member) -> list[float]:  # "pmi": the answers alone after none
                 raw_prompt = request.config.raw_prompt
-                mine = offsets[self.members.index(member)]
+                temperature = temperatures[self.members.index(member)]
                 return member_shares(
-                    member, texts, ends, self.scoring, raw_prompt, base + head, "", mine
+                    member, texts, ends, self.scoring, raw_prompt, base + head, "", temperature
                 )
 
             shares = torch.tensor(each(self.members, vote), dtype=torch.float64)

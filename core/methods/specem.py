@@ -16,9 +16,9 @@ Decisions where the paper and the authors' code leave room (see the README for t
   how much more likely the request makes it than an empty user turn does (`core.methods.pmi`).
   A candidate that ended the turn includes the verifier's log-prob of ending there.
 - self-judgment: a member's scores of its own draft count in the vote (as in the authors' code),
-  never in its reward. After `Ensemble.calibrate`, a member's own draft first loses the
-  member's calibrated self-preference above the least self-preferring voter's
-  (`core.trust.SelfPreference`, `self_offsets`): our extension, off until calibrated.
+  never in its reward. After `Ensemble.calibrate`, each member's scores are softmaxed at a
+  temperature of its calibrated self-preference over the least partial voter's
+  (`core.trust.SelfPreference`, `vote_temperatures`): our extension, off until calibrated.
 - reward: the win rate without the authors' floor of one win, so feedback also works for K = 2
   (with the floor every K = 2 reward is 1 and the weights never move).
 - the weights are updated with the round's reward before the vote (as in the authors' code);
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -124,37 +124,27 @@ def reduced(values: torch.Tensor, score: str) -> float:
     return float(v.exp().mean() if score == "prob" else v.mean())
 
 
-def normalise(
-    values: Sequence[torch.Tensor], score: str, offsets: Sequence[float] = ()
-) -> list[float]:
+def normalise(values: Sequence[torch.Tensor], score: str, temperature: float = 1.0) -> list[float]:
     """One verifier's token scores of each distinct candidate -> shares that sum to 1.
     "logprob": mean token log-prob, "min": the least likely token's log-prob (each softmaxed
-    over the candidates, after `offsets[c]` is taken off candidate c: the verifier's
-    calibrated self-preference on the candidates it wrote); "prob" and "logit": mean token
-    probability or raw logit, sum-normalised."""
+    over the candidates at `temperature`: the verifier's calibrated self-preference over the
+    least partial verifier's); "prob" and "logit": mean token probability or raw logit,
+    sum-normalised."""
     means = torch.tensor([reduced(v, score) for v in values], dtype=torch.float64)
     if score in SOFTMAXED:
-        if offsets:
-            means = means - torch.tensor(offsets, dtype=torch.float64)
-        return torch.softmax(means, 0).tolist()
+        return torch.softmax(means / temperature, 0).tolist()
     total = float(means.sum())  # the authors' sum-normalisation (breaks on negative means)
     return (means / total).tolist() if total != 0 else [0.0] * len(values)
 
 
-def self_offsets(
-    request: Request, voters: Sequence[Member], authors: Sequence[Collection[int]], score: str
-) -> list[list[float]]:
-    """offsets[voter][candidate] for `normalise`: each voter's calibrated excess
-    self-preference (`core.trust.SelfPreference`) on the candidates it wrote (`authors[c]`:
-    the voters' indices), nothing on the others'; all zero without a calibration in this
-    score."""
+def vote_temperatures(request: Request, voters: Sequence[Member], score: str) -> list[float]:
+    """Each voter's temperature for `normalise`: its calibrated self-preference over the least
+    partial voter's (`core.trust.SelfPreference`); all 1 without a calibration in this score."""
     preference = request.trust.self_preference
-    excess = None
+    temperatures = None
     if preference is not None and preference.score == score:
-        excess = preference.offsets([m.name for m in voters])
-    if excess is None:
-        return [[] for _ in voters]
-    return [[excess[v] if v in wrote else 0.0 for wrote in authors] for v in range(len(voters))]
+        temperatures = preference.temperatures([m.name for m in voters])
+    return temperatures or [1.0] * len(voters)
 
 
 def member_shares(
@@ -165,15 +155,15 @@ def member_shares(
     raw_prompt: bool,
     base: str,
     prior_base: str,
-    offsets: Sequence[float] = (),
+    temperature: float = 1.0,
 ) -> list[float]:
-    """One member's vote over the candidates read after `base`: its `normalise`d scores (less
-    its `offsets`), or with score="pmi" its gain over reading them after an empty turn and
+    """One member's vote over the candidates read after `base`: its `normalise`d scores (at
+    its `temperature`), or with score="pmi" its gain over reading them after an empty turn and
     `prior_base` (one more pass, `core.methods.pmi`)."""
     values = member.score(texts, base=base, ends=ends, raw=score == "logit")
     if score == "pmi":
         return pmi_shares(values, prior_scores(member, texts, ends, raw_prompt, base=prior_base))
-    return normalise(values, score, offsets)
+    return normalise(values, score, temperature)
 
 
 def win_rates(matrix: torch.Tensor, authors: Sequence[int]) -> torch.Tensor:
@@ -433,14 +423,15 @@ class SpecEM(Method):
         base, raw_prompt = request.text, request.config.raw_prompt
         texts = [c.text for c in candidates]
         ends = [c.ended for c in candidates]
-        authors = [{self.drafters[a] for a in c.authors} for c in candidates]
-        offsets = self_offsets(request, self.members, authors, self.scoring)
+        temperatures = vote_temperatures(request, self.members, self.scoring)
 
         def shares(member) -> list[float]:
             if not self.reuse_cache:
                 member.drop_cache()
-            mine = offsets[self.members.index(member)]
-            return member_shares(member, texts, ends, self.scoring, raw_prompt, base, base, mine)
+            temperature = temperatures[self.members.index(member)]
+            return member_shares(
+                member, texts, ends, self.scoring, raw_prompt, base, base, temperature
+            )
 
         rows = each(self.members, shares)  # remote members score concurrently
         return torch.tensor(rows, dtype=torch.float64)
