@@ -56,9 +56,14 @@ def right(problems, k, score, offsets, temperatures):
     return count
 
 
+def read(path):
+    with gzip.open(path, "rt") as file:
+        return json.load(file)
+
+
 def main(paths, k):
-    tuning = json.load(gzip.open(paths[0], "rt"))
-    files = [(p, json.load(gzip.open(p, "rt"))) for p in paths]
+    files = [(p, read(p)) for p in paths]
+    tuning = files[0][1]
     k = k or len(tuning[0]["answers"])
     calibration = tuning[:CALIBRATION]
     for path, problems in files:
