@@ -265,6 +265,9 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # and every method at its defaults (REAL_LLAMAINDEX_N problems, 200 by default)
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
     --out "$OUT/real-rag"
+  # the same, SpecEM and rerank calibrated first (weights and self-preference) on 12 of seed 2
+  $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
+    --methods single,specem,rerank --calibrate 12 --out "$OUT/real-rag-calibrated"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
