@@ -14,9 +14,9 @@ give each member's self-preference: how far, in the vote's score, it sets its ow
 from the others' (the mean absolute margin). Votes then softmax each voter's scores at a
 temperature of its margin over the least partial voter's (`core.trust.SelfPreference`). On the
 real pair's retrieval questions SmolLM2-135M-Instruct sets its own answers about 3 nats of mean
-token log-prob above Gemma's, Gemma-3-270M (a base model) its own about 1 above SmolLM2's:
-without the correction SmolLM2's answer wins nearly every vote, though Gemma's is right more
-often. Chosen on problems of seed 2 (`lab/results/self-preference/`).
+token log-prob apart from Gemma's, Gemma-3-270M (a base model) its own about 1 apart from
+SmolLM2's: without the correction SmolLM2's answer wins nearly every vote, though Gemma's is
+right more often. Chosen on problems of seed 2 (`lab/results/self-preference/`).
 
 No label is needed, and nothing moves afterwards: the weights are fixed until calibrated or
 loaded again, so a request's text depends on that request alone (concurrent texts are

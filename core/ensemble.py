@@ -258,9 +258,8 @@ class Ensemble:
         under `weight_floor` and is no longer run. A voting method (SpecEM, rerank) also gets
         each member's self-preference as a judge, and its votes read each member's scores at
         a temperature of its self-preference over the least partial member's (`summary()`
-        shows it).
-        Learning stops (`learn_weights=False`), so each request's text still depends on that
-        request alone; `save_weights` keeps the result. Returns the weights."""
+        shows it). Learning stops (`learn_weights=False`), so each request's text still
+        depends on that request alone; `save_weights` keeps the result. Returns the weights."""
         prompts = check_prompts(prompts)
         if len(self.members) < 2:
             raise InvalidConfigError(
