@@ -156,8 +156,12 @@ def configurations(members, methods: list[str] | None = None) -> list[tuple[str,
     unknown = sorted(set(methods) - set(available_methods()))
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; use some of {available_methods()}.")
+    if "single" not in methods:
+        raise SystemExit(
+            "--methods: include single; the table compares every row with the best member "
+            "alone on the same problems (e.g. --methods single,specem)."
+        )
     configs = [(f"single ({m.name})", "single", {"member": i}) for i, m in enumerate(members)]
-    configs = configs if "single" in methods else []
     return configs + [(name, name, {}) for name in methods if name != "single"]
 
 

@@ -230,3 +230,13 @@ def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real)
         assert preference["score"] == "logprob"
         assert set(preference["margins"]) == {m.name for m in tiny_as_real}
     assert "rerank (calibrated)" in table
+
+
+@needs_trained
+@pytest.mark.parametrize(
+    "methods, needle", [(["specem"], "include single"), (["single", "vote"], "unknown")]
+)
+def test_the_retrieval_example_refuses_rows_it_cannot_compare(tiny_as_real, methods, needle):
+    example = load_example("llamaindex_rag")
+    with pytest.raises(SystemExit, match=needle):
+        example.configurations(tiny_as_real, methods)
