@@ -60,6 +60,26 @@ def test_a_config_file_with_flags_over_it(tmp_path):
     )
 
 
+def test_a_server_loads_the_weights_calibration_saved(tmp_path, tiny_members):
+    from core import Ensemble
+
+    calibrated = Ensemble(tiny_members[:2], "rerank")
+    calibrated.calibrate(["What is 2 + 3?", "Tom has 4 apples. He eats 1."], max_new_tokens=24)
+    assert calibrated.summary()["self_preference"] is not None  # the members disagreed
+    path = calibrated.save_weights(tmp_path / "trust.json")
+    paths = [str(p) for p in model_paths()[:2]]
+    config = tmp_path / "ensemble.toml"
+    config.write_text(f'method = "rerank"\nmembers = {json.dumps(paths)}\n')
+    settings = build_settings(read_config(str(config)), ensemble={"weights": str(path)})
+    served = settings.ensemble.load()
+    assert served.member_weights == pytest.approx(calibrated.member_weights)
+    assert served.summary()["self_preference"] == calibrated.summary()["self_preference"]
+    assert served.learn_weights is False  # frozen: an answer depends on its request alone
+    config.write_text(f"weights = 3\nmembers = {json.dumps(paths)}\n")
+    with pytest.raises(InvalidConfigError, match="weights must be the path"):
+        build_settings(read_config(str(config)))
+
+
 @pytest.mark.parametrize(
     "text, problem",
     [

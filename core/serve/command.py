@@ -35,6 +35,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
             "members": parse_models(args.model) or None,
             "method": args.method,
             "options": parse_options(args.option) or None,
+            "weights": args.weights,
             **given_options(args, GROUPS),
         },
         server={
@@ -69,6 +70,12 @@ def add_command(sub) -> None:
     )
     p.add_argument("--method", default=None, help="safe | specem | token | single")
     p.add_argument("--option", action="append", default=[], help="method option key=value")
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="member weights (and self-preference) that Ensemble.save_weights wrote after "
+        "calibrate(), loaded frozen",
+    )
     p.add_argument("--host", default=None, help="default 127.0.0.1 (others need a key)")
     p.add_argument("--port", type=int, default=None, help="default 8000")
     p.add_argument("--name", action="append", default=[], help="served model name (repeat)")

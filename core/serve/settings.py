@@ -11,6 +11,7 @@ members = ["Qwen/Qwen2.5-1.5B-Instruct",
            {base_url = "http://10.0.0.5:8000/v1", model = "llama", tokenizer = "meta-llama/..."}]
 on_member_failure = "drop"      # any ensemble option (core.options), by its name
 max_concurrency = 16
+weights = "trust.json"          # what Ensemble.save_weights wrote (after calibrate), frozen
 
 [options]          # the method's options
 top_k = 10
@@ -77,6 +78,7 @@ class EnsembleSpec:
     method: str = DEFAULT_METHOD
     options: dict[str, Any] = field(default_factory=dict)  # the method's options
     settings: Options = field(default_factory=lambda: check_options({}, defaults=SERVE_DEFAULTS))
+    weights: str | None = None  # a file Ensemble.save_weights wrote, loaded frozen
 
     @classmethod
     def of(cls, given: dict[str, Any]) -> EnsembleSpec:
@@ -86,7 +88,13 @@ class EnsembleSpec:
         members = tuple(given.pop("members", ()))
         method = given.pop("method", DEFAULT_METHOD)
         options = dict(given.pop("options", None) or {})
-        return cls(members, method, options, check_options(given, defaults=SERVE_DEFAULTS))
+        weights = given.pop("weights", None)
+        if weights is not None and not isinstance(weights, str):
+            raise InvalidConfigError(
+                f"weights must be the path of a file save_weights wrote, got {weights!r}."
+            )
+        settings = check_options(given, defaults=SERVE_DEFAULTS)
+        return cls(members, method, options, settings, weights)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name == "settings":
@@ -102,9 +110,12 @@ class EnsembleSpec:
                 "file, ollama:NAME, a hub id, or a JSON object of Local's or Remote's fields) or "
                 "members = [...] in the --config file."
             )
-        return Ensemble.from_pretrained(
+        ensemble = Ensemble.from_pretrained(
             list(self.members), self.method, **self.settings, **self.options
         )
+        if self.weights is not None:  # calibrated or learned elsewhere; frozen, so every
+            ensemble.load_weights(self.weights)  # answer depends on its request alone
+        return ensemble
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ def read_keys(
     return tuple(dict.fromkeys(keys))
 
 
-_TOP = {"members", "method", "options", *OPTION_NAMES}
+_TOP = {"members", "method", "options", "weights", *OPTION_NAMES}
 # the [server] table: ServeSettings' own fields, and where to read the keys from
 _SERVER = {f.name for f in dataclasses.fields(ServeSettings)} - {"ensemble", "limits"}
 _SERVER |= {"api_key_file"}
