@@ -369,27 +369,7 @@ def _read_weights(path: Path, names: list[str]) -> tuple[torch.Tensor, SelfPrefe
         fail(f"not valid JSON ({error}); pass a file that save_weights wrote.")
     if not isinstance(data, dict) or not isinstance(data.get("weights"), dict):
         fail('expected a JSON object with "weights": {member name: weight, ...}.')
-    given = data["weights"]
-    if len(given) != len(names):
-        fail(
-            f"it has {len(given)} weights for {len(names)} members; give one per member "
-            f"({', '.join(names)})."
-        )
-    unknown = [n for n in given if n not in names]
-    missing = [n for n in names if n not in given]
-    if unknown or missing:
-        fail(
-            f"its member names do not match this ensemble: unknown {unknown}, missing {missing}; "
-            f"the members are {names}."
-        )
-    values = []
-    for name in names:
-        value = given[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            fail(f"the weight of {name!r} is {value!r}, not a number.")
-        if not math.isfinite(value) or value <= 0:
-            fail(f"the weight of {name!r} is {value!r}; every weight must be finite and above 0.")
-        values.append(float(value))
+    values = _per_member(data["weights"], names, "weight", fail)
     weights = torch.tensor(values, dtype=torch.float64)
     if abs(float(weights.sum()) - 1.0) > 1e-9:  # what save wrote is kept bit for bit
         weights = weights / weights.sum()
@@ -408,15 +388,36 @@ def _read_self_preference(
         fail(f"expected {example}, or no self_preference.")
     if given.get("score") not in PREFERENCE_SCORES:
         fail(f"self_preference score is {given.get('score')!r}; use one of {PREFERENCE_SCORES}.")
-    if sorted(given["margins"]) != sorted(names):
-        fail(f"self_preference names {sorted(given['margins'])}; give one per member: {names}.")
-    margins = {}
-    for name, value in given["margins"].items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or value <= 0:
-            fail(f"the self_preference of {name!r} is {value!r}, not a finite number above 0.")
-        margins[name] = float(value)
-    return SelfPreference(given["score"], margins)
+    values = _per_member(given["margins"], names, "self_preference margin", fail)
+    return SelfPreference(given["score"], dict(zip(names, values, strict=True)))
+
+
+def _per_member(
+    given: dict, names: list[str], what: str, fail: Callable[[str], NoReturn]
+) -> list[float]:
+    """One finite number above 0 per member (`what`: a weight, a self-preference margin), in
+    `names` order; anything else fails naming the problem."""
+    if len(given) != len(names):
+        fail(
+            f"it has {len(given)} {what}s for {len(names)} members; give one per member "
+            f"({', '.join(names)})."
+        )
+    unknown = [n for n in given if n not in names]
+    missing = [n for n in names if n not in given]
+    if unknown or missing:
+        fail(
+            f"its member names do not match this ensemble: unknown {unknown}, missing {missing}; "
+            f"the members are {names}."
+        )
+    values = []
+    for name in names:
+        value = given[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(f"the {what} of {name!r} is {value!r}, not a number.")
+        if not math.isfinite(value) or value <= 0:
+            fail(f"the {what} of {name!r} is {value!r}; every {what} must be finite and above 0.")
+        values.append(float(value))
+    return values
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:

@@ -72,10 +72,10 @@ def test_self_preference_is_saved_and_loaded_with_the_weights(pair, tmp_path):
     "preference, needle",
     [
         ({"score": "prob", "margins": {"sure": 1.0, "modest": 1.0}}, "score is 'prob'"),
-        ({"score": "logprob", "margins": {"sure": 1.0, "someone": 1.0}}, "one per member"),
-        ({"score": "logprob", "margins": {"sure": 1.0}}, "one per member"),
-        ({"score": "logprob", "margins": {"sure": "high", "modest": 1.0}}, "finite number"),
-        ({"score": "logprob", "margins": {"sure": 0.0, "modest": 1.0}}, "above 0"),
+        ({"score": "logprob", "margins": {"sure": 1.0, "someone": 1.0}}, "unknown \\['someone'\\]"),
+        ({"score": "logprob", "margins": {"sure": 1.0}}, "1 self_preference margins for 2"),
+        ({"score": "logprob", "margins": {"sure": "high", "modest": 1.0}}, "not a number"),
+        ({"score": "logprob", "margins": {"sure": 0.0, "modest": 1.0}}, "finite and above 0"),
         ({"score": "logprob"}, "expected"),
     ],
 )
