@@ -89,3 +89,17 @@ def test_a_bad_self_preference_in_a_weights_file_is_refused(pair, tmp_path, pref
     with pytest.raises(InvalidConfigError, match=needle):
         ens.load_weights(path)
     assert ens.summary()["self_preference"] == before
+
+
+@pytest.mark.parametrize("method", ["rerank", "specem"])
+def test_calibrated_texts_are_the_same_concurrent_or_one_at_a_time(pair, method):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ens = Ensemble(pair, method)
+    ens.calibrate(CALIBRATION, max_new_tokens=16)
+    prompts = [QUESTION, *([{"role": "user", "content": p}] for p in CALIBRATION)] * 2
+    alone = [ens.generate(p, max_new_tokens=16).text for p in prompts]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda p: ens.generate(p, max_new_tokens=16).text, prompts))
+    assert together == alone and alone[0] == MODEST  # frozen: no request moves another's vote
+    assert ens.summary()["self_preference"]["margins"]["sure"] > 0
