@@ -216,7 +216,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         done = ", ".join(f"{label} {sum(r)}" for label, r in right.items())
         print(f"{i + 1}/{len(problems)}: {done}", file=sys.stderr)
     n = len(problems)
-    singles = [label for label in labels if label.startswith("single (")]
+    singles = [label for label, method, _ in configs if method == "single"]  # never renamed
     best = max(singles, key=lambda label: sum(right[label]))
     ceiling = sum(map(any, zip(*(right[label] for label in singles), strict=True)))
     rows = []
@@ -280,9 +280,9 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         "best_single": best,
         "rows": rows,
         "self_preference": {
-            label: e.summary()["self_preference"]
+            label: preference
             for label, e in ensembles.items()
-            if e.summary().get("self_preference")
+            if (preference := e.summary()["self_preference"])
         },
         "per_problem": right,
     }
