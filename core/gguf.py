@@ -315,6 +315,34 @@ def _plain_reader(reader: type) -> type:
         def data(self, value) -> None:
             self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
+        def _get_field_parts(self, orig_offs: int, raw_type: int):
+            """An array of numbers or strings as gguf's reader gives it (one part per element,
+            the same values, types and data indices), without its recursive call per element:
+            a vocabulary's three arrays of 262k elements took Gemma's reader ~3 s."""
+            from gguf import GGUFValueType
+
+            if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            count, item = int(alen[0]), GGUFValueType(raw_itype[0])
+            nptype = self.gguf_scalar_to_np.get(item)
+            offs = orig_offs + 12
+            if count == 0 or (nptype is None and item != GGUFValueType.STRING):
+                return super()._get_field_parts(orig_offs, raw_type)  # nested, or empty
+            types = [GGUFValueType.ARRAY, item]
+            if nptype is not None:
+                values = self._get(offs, nptype, count)
+                parts = [raw_itype, alen, *values.reshape(count, 1)]
+                return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), types
+            parts, data = [raw_itype, alen], []
+            for _ in range(count):
+                length, text = self._get_str(offs)
+                data.append(len(parts) + 1)
+                parts += (length, text)
+                offs += 8 + int(length[0])
+            return offs - orig_offs, parts, data, types
+
     return PlainArrayReader
 
 

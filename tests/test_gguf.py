@@ -77,7 +77,6 @@ def test_one_load_reads_a_file_once_and_reads_what_ggufs_own_reader_reads(tiny_g
     array view of the file's memory map (the same fields and tensors as gguf's reader), and
     its name maps of one architecture and depth one map."""
     import gguf
-    import numpy as np
 
     alone = gguf.GGUFReader(tiny_gguf)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1)
@@ -89,13 +88,64 @@ def test_one_load_reads_a_file_once_and_reads_what_ggufs_own_reader_reads(tiny_g
         assert name_map.mapping == names.mapping
     assert gguf.GGUFReader(tiny_gguf) is not shared  # the context ended: gguf's own again
     assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 1) is not name_map
-    assert list(shared.fields) == list(alone.fields)
-    for ours, theirs in zip(shared.fields.values(), alone.fields.values(), strict=True):
-        assert (ours.types, ours.data) == (theirs.types, theirs.data)
-        assert all(np.array_equal(a, b) for a, b in zip(ours.parts, theirs.parts, strict=True))
-    assert [t.name for t in shared.tensors] == [t.name for t in alone.tensors]
-    pairs = zip(shared.tensors, alone.tensors, strict=True)
+    _assert_same_reading(shared, alone)
+
+
+def _assert_same_reading(ours, theirs) -> None:
+    import numpy as np
+
+    assert list(ours.fields) == list(theirs.fields)
+    for mine, its in zip(ours.fields.values(), theirs.fields.values(), strict=True):
+        assert (mine.offset, mine.types, mine.data) == (its.offset, its.types, its.data)
+        for a, b in zip(mine.parts, its.parts, strict=True):
+            assert (a.dtype, a.shape) == (b.dtype, b.shape) and np.array_equal(a, b)
+    assert ours.data_offset == theirs.data_offset
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    pairs = zip(ours.tensors, theirs.tensors, strict=True)
     assert all(np.array_equal(a.data, b.data) for a, b in pairs)
+
+
+def test_every_kind_of_metadata_array_reads_as_ggufs_own_reader_reads_it(tmp_path):
+    """Arrays of every element type (a vocabulary's strings, scores and types read in bulk),
+    empty and nested ones, next to single values: the same fields, parts and indices."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    numbers = {
+        gguf.GGUFValueType.UINT8: [0, 7, 255],
+        gguf.GGUFValueType.INT8: [-128, 0, 127],
+        gguf.GGUFValueType.UINT16: [1, 65535],
+        gguf.GGUFValueType.INT16: [-2, 3],
+        gguf.GGUFValueType.UINT32: [4, 4294967295],
+        gguf.GGUFValueType.INT32: [-5, 6, 7],
+        gguf.GGUFValueType.FLOAT32: [0.5, -1.25, 3e38],
+        gguf.GGUFValueType.UINT64: [2**63],
+        gguf.GGUFValueType.INT64: [-(2**40)],
+        gguf.GGUFValueType.FLOAT64: [1e-300, 2.5],
+        gguf.GGUFValueType.BOOL: [True, False, True],
+    }
+    for kind, values in numbers.items():
+        writer.add_key_value(f"test.{kind.name.lower()}", values, gguf.GGUFValueType.ARRAY, kind)
+    writer.add_array("test.strings", ["", "a", "ünï ▁code", "<|im_end|>"])
+    writer.add_array("test.empty", [])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_uint32("test.single", 9)
+    writer.add_string("test.text", "plain")
+    writer.add_tensor("token_embd.weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    alone = gguf.GGUFReader(path)
+    with shared_reader():
+        shared = gguf.GGUFReader(path)
+    assert shared is not alone
+    _assert_same_reading(shared, alone)
+    assert shared.fields["test.strings"].contents() == ["", "a", "ünï ▁code", "<|im_end|>"]
+    assert shared.fields["test.float32"].contents() == pytest.approx([0.5, -1.25, 3e38])
 
 
 def test_a_gguf_file_loads_dequantized_in_the_dtype_asked_without_a_false_warning(
