@@ -165,13 +165,19 @@ class Vocab:
             self.token_bytes[i] = data
             self.strings[i] = _utf8_or_none(data)
         # A string spelled by several ids (a byte-fallback twin of a normal token, say) maps to
-        # the first id the tokenizer itself would produce for it.
+        # the id the tokenizer itself produces for it, when it produces one id; only those
+        # strings are encoded (a string spelled once can only map to its one id).
         self.string_to_id: dict[str, int] = {}
+        twins: set[str] = set()
         for i, s in enumerate(self.strings):
-            if s and s not in self.string_to_id:
+            if not s:
+                continue
+            if s in self.string_to_id:
+                twins.add(s)
+            else:
                 self.string_to_id[s] = i
-        spelled = list(self.string_to_id)
-        if spelled:
+        if twins:
+            spelled = sorted(twins)
             for s, ids in zip(spelled, self._raw_encode(spelled), strict=True):
                 if len(ids) == 1 and self.strings[ids[0]] == s:
                     self.string_to_id[s] = ids[0]
