@@ -54,13 +54,13 @@ from ..events import SegmentCandidates, SegmentSelected, WeightsUpdated
 from ..member import Member
 from ..parallel import draft_each, each
 from ..sampling import Sampler
-from ..trust import hedge
+from ..trust import PREFERENCE_SCORES, hedge
 from ..validate import check_bool, check_int, check_real
 from .base import Commit, Method, Request, check_choice, pick_member
 from .pmi import check_empty_raw_prompt, pmi_shares, prior_scores
 
 SCORES = ("logprob", "prob", "logit", "min", "pmi")
-SOFTMAXED = ("logprob", "min")  # scores spread over the candidates by a softmax
+SOFTMAXED = PREFERENCE_SCORES  # scores spread over the candidates by a softmax (the trust's too)
 
 
 def check_score(score: str, members: Sequence[Member]) -> None:
