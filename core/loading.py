@@ -26,7 +26,7 @@ from .errors import (
     NotCausalLMError,
     TokenizerMismatchError,
 )
-from .gguf import check_file, looks_like_gguf, shared_reader, translated
+from .gguf import check_file, check_memory, looks_like_gguf, shared_reader, translated
 from .ollama import find_model, is_ollama_name
 from .validate import check_bool
 
@@ -267,6 +267,7 @@ def load_gguf(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     header = check_file(path)
+    check_memory(header, device, dtype)
     folder, name = str(header.path.parent), str(header.path)
     with shared_reader():
         with translated(header):

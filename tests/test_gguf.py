@@ -105,6 +105,33 @@ def _assert_same_reading(ours, theirs) -> None:
     assert all(np.array_equal(a.data, b.data) for a, b in pairs)
 
 
+def test_a_file_whose_weights_do_not_fit_in_free_memory_is_refused_before_loading(
+    tiny_gguf, monkeypatch
+):
+    """Dequantized weights take several times the file (an 8B model's 4.9 GB of Q4_K_M are
+    32 GB of float32), and a CPU out of memory kills the process: the load is refused first,
+    naming the sizes and bfloat16, or a smaller model where bfloat16 is already asked for."""
+    import psutil
+
+    real = psutil.virtual_memory()
+    weights = sum(p.numel() for p in HFMember.load(str(tiny_gguf)).model.parameters())
+
+    def free(amount: int):
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=amount))
+
+    free(weights * 3)  # room for bfloat16, not for float32
+    with pytest.raises(ModelLoadError, match=r"float32 they take .*bfloat16") as refused:
+        Ensemble.from_pretrained([str(tiny_gguf)], "single")
+    assert str(tiny_gguf) in str(refused.value) and f"{weights:,} weights" in str(refused.value)
+    ensemble = Ensemble.from_pretrained([Local(str(tiny_gguf), dtype="bfloat16")], "single")
+    assert ensemble.generate("Hi", max_new_tokens=2).text is not None
+    free(weights)  # not even for bfloat16
+    with pytest.raises(ModelLoadError, match="load a smaller model"):
+        Ensemble.from_pretrained([str(tiny_gguf)], "single", dtype="bfloat16")
+    free(real.available)
+    assert Ensemble.from_pretrained([str(tiny_gguf)], "single").generate("Hi", max_new_tokens=2)
+
+
 def test_every_kind_of_metadata_array_reads_as_ggufs_own_reader_reads_it(tmp_path):
     """Arrays of every element type (a vocabulary's strings, scores and types read in bulk),
     empty and nested ones, next to single values: the same fields, parts and indices."""
