@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .errors import EnsembleError, InvalidConfigError, MissingWeightsError, ModelLoadError
 
@@ -156,46 +155,6 @@ def _parse(blob, path: Path) -> GGUFHeader:
     elements = sum(e for _, e, _ in extents)
     end = data_start + _data_size(extents)
     return GGUFHeader(path, version, architecture, tensors, end, elements)
-
-
-def check_memory(header: GGUFHeader, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuse, before dequantizing, a file whose weights cannot fit in the memory the device has
-    free: a quantized file holds a fraction of what its dequantized weights take (an 8B model's
-    4.9 GB of Q4_K_M become 32 GB of float32), and running out of memory on a CPU ends the
-    process without an error to read. Counted: the weights alone, in `dtype`."""
-    free = _free_bytes(device)
-    size = torch.empty((), dtype=dtype).element_size()
-    need = header.elements * size
-    if free is None or need <= free:
-        return
-    fix = (
-        f'load it in bfloat16 (dtype="bfloat16", or Local(path, dtype="bfloat16") for this '
-        f"member: {_gb(header.elements * 2)})"
-        if size > 2
-        else "load a smaller model"
-    )
-    raise ModelLoadError(
-        f"the GGUF file {str(header.path)!r} holds {header.elements:,} weights: dequantized to "
-        f"{str(dtype).removeprefix('torch.')} they take {_gb(need)}, and {device} has "
-        f"{_gb(free)} free. Free memory, {fix}, or use a machine with more memory."
-    )
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    """Memory free on `device` now (None where it cannot be told)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu":
-        try:
-            import psutil  # accelerate's dependency, so there wherever GGUF files load
-        except ImportError:
-            return None
-        return psutil.virtual_memory().available
-    return None
-
-
-def _gb(count: int) -> str:
-    return f"{count / 1e9:.1f} GB"
 
 
 def _data_size(extents: list[tuple[int, int, int]]) -> int:

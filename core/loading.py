@@ -9,6 +9,8 @@ tokenizer pipeline (for `qwen2` directories), which silently changes token ids.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import pickle
 import re
@@ -26,7 +28,8 @@ from .errors import (
     NotCausalLMError,
     TokenizerMismatchError,
 )
-from .gguf import check_file, check_memory, looks_like_gguf, shared_reader, translated
+from .gguf import check_file, looks_like_gguf, shared_reader, translated
+from .memory import check_fits
 from .ollama import find_model, is_ollama_name
 from .validate import check_bool
 
@@ -199,6 +202,9 @@ def load_model(
 ):
     from transformers import AutoModelForCausalLM
 
+    elements = _safetensors_elements(source)
+    if elements:
+        check_fits(source, elements, device, dtype)
     kwargs = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -223,6 +229,35 @@ def load_model(
             ) from error
         raise
     return model.to(device).eval()
+
+
+def _safetensors_elements(source: str) -> int:
+    """Weights in a local directory's safetensors files, from their headers (0 for anything
+    else: a hub id, pickled weights, a damaged file, which the load names)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return 0
+    total = 0
+    try:
+        files = _safetensors_files(folder)
+        for file in files:
+            with safe_open(str(file), framework="pt") as weights:
+                for key in weights.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    total += math.prod(weights.get_slice(key).get_shape())
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
+    return total
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The files transformers loads: those its index names, or `model.safetensors` (a folder
+    may also hold other copies of the weights, Mistral's `consolidated.safetensors` say)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = json.loads(index.read_text())["weight_map"].values()
+        return sorted({folder / name for name in shards})
+    whole = folder / "model.safetensors"
+    return [whole] if whole.is_file() else sorted(folder.glob("*.safetensors"))
 
 
 def _unreadable_weights(source: str, error: BaseException) -> MissingWeightsError:
@@ -267,7 +302,7 @@ def load_gguf(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     header = check_file(path)
-    check_memory(header, device, dtype)
+    check_fits(str(header.path), header.elements, device, dtype)  # dequantized
     folder, name = str(header.path.parent), str(header.path)
     with shared_reader():
         with translated(header):

@@ -132,6 +132,21 @@ def test_a_file_whose_weights_do_not_fit_in_free_memory_is_refused_before_loadin
     assert Ensemble.from_pretrained([str(tiny_gguf)], "single").generate("Hi", max_new_tokens=2)
 
 
+def test_a_checkpoint_directory_that_does_not_fit_is_refused_the_same_way(monkeypatch):
+    """A safetensors directory is sized from its files' headers before transformers loads it."""
+    import psutil
+
+    from core.testbed import model_paths
+
+    path = str(model_paths()[0])
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=1000))
+    with pytest.raises(ModelLoadError, match=r"weights: in float32 they take .* 0\.0 GB free"):
+        Ensemble.from_pretrained([path], "single")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real)
+    assert Ensemble.from_pretrained([path], "single").generate("Hi", max_new_tokens=2).text
+
+
 def test_every_kind_of_metadata_array_reads_as_ggufs_own_reader_reads_it(tmp_path):
     """Arrays of every element type (a vocabulary's strings, scores and types read in bulk),
     empty and nested ones, next to single values: the same fields, parts and indices."""
