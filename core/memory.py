@@ -40,10 +40,8 @@ def _free_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
-        try:
-            import psutil  # accelerate's dependency
-        except ImportError:
-            return None
+        import psutil
+
         return psutil.virtual_memory().available
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,7 +118,7 @@ def test_a_file_whose_weights_do_not_fit_in_free_memory_is_refused_before_loadin
     weights = sum(p.numel() for p in HFMember.load(str(tiny_gguf)).model.parameters())
 
     def free(amount: int):
-        monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=amount))
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=amount))
 
     free(weights * 3)  # room for bfloat16, not for float32
     with pytest.raises(ModelLoadError, match=r"float32 they take .*bfloat16") as refused:
@@ -139,11 +140,10 @@ def test_a_checkpoint_directory_that_does_not_fit_is_refused_the_same_way(monkey
     from core.testbed import model_paths
 
     path = str(model_paths()[0])
-    real = psutil.virtual_memory()
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=1000))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=1000))
     with pytest.raises(ModelLoadError, match=r"weights: in float32 they take .* 0\.0 GB free"):
         Ensemble.from_pretrained([path], "single")
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: real)
+    monkeypatch.undo()
     assert Ensemble.from_pretrained([path], "single").generate("Hi", max_new_tokens=2).text
 
 
