@@ -258,7 +258,8 @@ def shared_reader() -> Iterator[None]:
     mapping the weights' names, it builds gguf's `TensorNameMap` for the architecture once per
     submodule (397 times for SmolLM2, 11 s). While one member loads, those reads share one
     reader per file (a reader is only read from), which reads a plain array over the file's
-    memory map (`_plain_reader`, ~6 s for Gemma), and one name map per architecture and depth
+    memory map, and its metadata arrays in bulk (`_plain_reader`: 1.2 s for Gemma's, 10.7 s with
+    gguf's own reader), and one name map per architecture and depth
     (a map is only read from). The metadata, which the config and the tokenizer's class both
     parse into Python values (0.9 s for Gemma's vocabulary), is parsed once per file, each
     caller getting its own copy. Where transformers stops calling these, this changes
