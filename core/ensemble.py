@@ -37,7 +37,7 @@ from .concurrency import iterate_in_thread
 from .config import Delta, GenerationConfig, Output
 from .errors import EnsembleError, InvalidConfigError, MemberError
 from .events import Event, MemberFailed, ToolCallEvent
-from .hf_member import HFMember
+from .hf_member import HFMember, check_members_fit
 from .member import ContextOverflow, Member
 from .methods import DEFAULT_METHOD, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
@@ -117,6 +117,13 @@ class Ensemble:
         check_method(method, len(models), method_options)  # fail before loading anything
         devices, dtypes, labels = (
             settings.for_members(name, len(models)) for name in ("device", "dtype", "names")
+        )
+        local = [i for i, model in enumerate(models) if not isinstance(model, Remote)]
+        check_members_fit(
+            [models[i] for i in local],
+            [devices[i] for i in local],
+            [dtypes[i] for i in local],
+            settings.use_safetensors,
         )
         steps = range(len(models))
         if settings.progress:

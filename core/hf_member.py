@@ -91,20 +91,9 @@ class HFMember(Member):
         dtype, name) win over the arguments here."""
         from .few_rows import use_few_row_kernels
         from .gguf import is_gguf
-        from .loading import (
-            check_model_source,
-            load_config,
-            load_gguf,
-            load_model,
-            load_tokenizer,
-            resolve_device,
-            resolve_dtype,
-        )
+        from .loading import load_config, load_gguf, load_model, load_tokenizer
 
-        spec = (source if isinstance(source, Local) else Local(source)).resolved()
-        path = check_model_source(spec.path, use_safetensors)
-        resolved = resolve_device(spec.device or device)
-        resolved_dtype = resolve_dtype(spec.dtype or dtype, resolved)
+        spec, path, resolved, resolved_dtype = _resolved(source, device, dtype, use_safetensors)
         if is_gguf(path):
             model, tokenizer = load_gguf(path, resolved, resolved_dtype, attn_implementation)
         else:
@@ -365,3 +354,37 @@ class HFMember(Member):
             rows = self._forward(flat, keep, allowed=allowed, positions=positions)
             self.state.sequence.cache = kv  # what this pass added is dropped
             return rows
+
+
+def _resolved(
+    source: str | os.PathLike | Local,
+    device: str | torch.device | None,
+    dtype: str | torch.dtype | None,
+    use_safetensors: bool,
+) -> tuple[Local, str, torch.device, torch.dtype]:
+    """A member's spec, checked path, device and dtype (a Local's own options winning)."""
+    from .loading import check_model_source, resolve_device, resolve_dtype
+
+    spec = (source if isinstance(source, Local) else Local(source)).resolved()
+    path = check_model_source(spec.path, use_safetensors)
+    resolved = resolve_device(spec.device or device)
+    return spec, path, resolved, resolve_dtype(spec.dtype or dtype, resolved)
+
+
+def check_members_fit(
+    sources: Sequence[str | os.PathLike | Local],
+    devices: Sequence[str | torch.device | None],
+    dtypes: Sequence[str | torch.dtype | None],
+    use_safetensors: bool,
+) -> None:
+    """Every member's weights, summed per device, against its free memory, before the first
+    member loads: members that fit one by one but not together are refused at once, not after
+    minutes of loading the first ones."""
+    from .loading import weights_elements
+    from .memory import check_all_fit
+
+    loads = []
+    for source, device, dtype in zip(sources, devices, dtypes, strict=True):
+        _, path, resolved, resolved_dtype = _resolved(source, device, dtype, use_safetensors)
+        loads.append((path, weights_elements(path), resolved, resolved_dtype))
+    check_all_fit(loads)

@@ -231,6 +231,16 @@ def load_model(
     return model.to(device).eval()
 
 
+def weights_elements(source: str) -> int:
+    """Weights a checked model source holds, read from file headers (0 where they cannot be
+    read before loading: a hub id, pickled weights)."""
+    return (
+        check_file(source).elements
+        if looks_like_gguf(Path(source))
+        else _safetensors_elements(source)
+    )
+
+
 def _safetensors_elements(source: str) -> int:
     """Weights in a local directory's safetensors files, from their headers (0 for anything
     else: a hub id, pickled weights, a damaged file, which the load names)."""

@@ -9,6 +9,8 @@ is refused first, naming the sizes and the fix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .errors import ModelLoadError
@@ -18,7 +20,7 @@ def check_fits(name: str, elements: int, device: torch.device, dtype: torch.dtyp
     """Refuse `elements` weights in `dtype` that need more than `device` has free (nothing is
     refused where the free memory cannot be told: a hub download, an MPS device)."""
     free = _free_bytes(device)
-    size = torch.empty((), dtype=dtype).element_size()
+    size = _element_size(dtype)
     need = elements * size
     if free is None or need <= free:
         return
@@ -33,6 +35,34 @@ def check_fits(name: str, elements: int, device: torch.device, dtype: torch.dtyp
         f"{_gb(need)}, and {device} has {_gb(free)} free. Free memory, {fix}, or use a machine "
         "with more memory."
     )
+
+
+def check_all_fit(loads: Sequence[tuple[str, int, torch.device, torch.dtype]]) -> None:
+    """Refuse (name, weights, device, dtype) loads whose weights, summed per device, need more
+    than the device has free."""
+    devices: dict[str, list[tuple[str, int, torch.dtype]]] = {}
+    for name, elements, device, dtype in loads:
+        devices.setdefault(str(device), []).append((name, elements, dtype))
+    for device, group in devices.items():
+        if len(group) == 1:
+            name, elements, dtype = group[0]
+            check_fits(name, elements, torch.device(device), dtype)
+            continue
+        free = _free_bytes(torch.device(device))
+        sizes = [(name, elements * _element_size(dtype)) for name, elements, dtype in group]
+        need = sum(size for _, size in sizes)
+        if free is None or need <= free:
+            continue
+        each = ", ".join(f"{name!r} {_gb(size)}" for name, size in sizes)
+        raise ModelLoadError(
+            f"the members on {device} take {_gb(need)} together ({each}), and {device} has "
+            f'{_gb(free)} free. Free memory, load them in bfloat16 (dtype="bfloat16"), put '
+            "some on another device (Local(path, device=...)), or use fewer or smaller members."
+        )
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _free_bytes(device: torch.device) -> int | None:

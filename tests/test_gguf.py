@@ -133,6 +133,28 @@ def test_a_file_whose_weights_do_not_fit_in_free_memory_is_refused_before_loadin
     assert Ensemble.from_pretrained([str(tiny_gguf)], "single").generate("Hi", max_new_tokens=2)
 
 
+def test_members_that_fit_one_by_one_but_not_together_are_refused_before_any_loads(
+    tiny_gguf, monkeypatch
+):
+    import psutil
+
+    weights = sum(p.numel() for p in HFMember.load(str(tiny_gguf)).model.parameters())
+    loads = []
+    real_load = HFMember.load
+
+    def counted(*args, **kwargs):
+        loads.append(args)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(HFMember, "load", counted)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=weights * 6))
+    with pytest.raises(ModelLoadError, match=r"take .* together .* bfloat16.*another device"):
+        Ensemble.from_pretrained([str(tiny_gguf), str(tiny_gguf)], "safe")
+    assert loads == []  # refused before the first member loaded
+    ensemble = Ensemble.from_pretrained([str(tiny_gguf), str(tiny_gguf)], "safe", dtype="bfloat16")
+    assert len(loads) == 2 and ensemble.generate("Hi", max_new_tokens=2).text is not None
+
+
 def test_a_checkpoint_directory_that_does_not_fit_is_refused_the_same_way(monkeypatch):
     """A safetensors directory is sized from its files' headers before transformers loads it."""
     import psutil
