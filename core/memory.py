@@ -54,10 +54,12 @@ def check_all_fit(loads: Sequence[tuple[str, int, torch.device, torch.dtype]]) -
         if free is None or need <= free:
             continue
         each = ", ".join(f"{name!r} {_gb(size)}" for name, size in sizes)
+        wide = any(_element_size(dtype) > 2 for _, _, dtype in group)
+        halve = 'load them in bfloat16 (dtype="bfloat16"), ' if wide else ""
         raise ModelLoadError(
             f"the members on {device} take {_gb(need)} together ({each}), and {device} has "
-            f'{_gb(free)} free. Free memory, load them in bfloat16 (dtype="bfloat16"), put '
-            "some on another device (Local(path, device=...)), or use fewer or smaller members."
+            f"{_gb(free)} free. Free memory, {halve}put some on another device "
+            "(Local(path, device=...)), or use fewer or smaller members."
         )
 
 
