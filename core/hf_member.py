@@ -92,8 +92,10 @@ class HFMember(Member):
         from .few_rows import use_few_row_kernels
         from .gguf import is_gguf
         from .loading import load_config, load_gguf, load_model, load_tokenizer
+        from .memory import check_all_fit
 
         spec, path, resolved, resolved_dtype = _resolved(source, device, dtype, use_safetensors)
+        check_all_fit([_footprint(path, resolved, resolved_dtype)])
         if is_gguf(path):
             model, tokenizer = load_gguf(path, resolved, resolved_dtype, attn_implementation)
         else:
@@ -380,11 +382,20 @@ def check_members_fit(
     """Every member's weights, summed per device, against its free memory, before the first
     member loads: members that fit one by one but not together are refused at once, not after
     minutes of loading the first ones."""
-    from .loading import weights_elements
     from .memory import check_all_fit
 
     loads = []
     for source, device, dtype in zip(sources, devices, dtypes, strict=True):
         _, path, resolved, resolved_dtype = _resolved(source, device, dtype, use_safetensors)
-        loads.append((path, weights_elements(path), resolved, resolved_dtype))
+        loads.append(_footprint(path, resolved, resolved_dtype))
     check_all_fit(loads)
+
+
+def _footprint(
+    path: str, device: torch.device, dtype: torch.dtype
+) -> tuple[str, int, torch.device, torch.dtype]:
+    """What a load asks of its device's memory: the weights a model's file headers hold (a GGUF
+    file's as dequantized), in the dtype they load in."""
+    from .loading import weights_elements
+
+    return path, weights_elements(path), device, dtype

@@ -29,7 +29,6 @@ from .errors import (
     TokenizerMismatchError,
 )
 from .gguf import check_file, looks_like_gguf, shared_reader, translated
-from .memory import check_fits
 from .ollama import find_model, is_ollama_name
 from .validate import check_bool
 
@@ -202,9 +201,6 @@ def load_model(
 ):
     from transformers import AutoModelForCausalLM
 
-    elements = _safetensors_elements(source)
-    if elements:
-        check_fits(source, elements, device, dtype)
     kwargs = {"dtype": dtype, "trust_remote_code": False, "use_safetensors": use_safetensors}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -312,7 +308,6 @@ def load_gguf(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     header = check_file(path)
-    check_fits(str(header.path), header.elements, device, dtype)  # dequantized
     folder, name = str(header.path.parent), str(header.path)
     with shared_reader():
         with translated(header):

@@ -16,7 +16,7 @@ import torch
 from .errors import ModelLoadError
 
 
-def check_fits(name: str, elements: int, device: torch.device, dtype: torch.dtype) -> None:
+def _check_one(name: str, elements: int, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse `elements` weights in `dtype` that need more than `device` has free (nothing is
     refused where the free memory cannot be told: a hub download, an MPS device)."""
     free = _free_bytes(device)
@@ -46,7 +46,7 @@ def check_all_fit(loads: Sequence[tuple[str, int, torch.device, torch.dtype]]) -
     for device, group in devices.items():
         if len(group) == 1:
             name, elements, dtype = group[0]
-            check_fits(name, elements, torch.device(device), dtype)
+            _check_one(name, elements, torch.device(device), dtype)
             continue
         free = _free_bytes(torch.device(device))
         sizes = [(name, elements * _element_size(dtype)) for name, elements, dtype in group]
