@@ -1,13 +1,15 @@
 """Member trust without labels, measured once and frozen (`Ensemble.calibrate`).
 
-Each member answers a few prompts alone (the request's own decoding: greedy). Every member then
-scores every distinct answer in one verify-in-line pass per prompt (`Member.score`, its stop
-included for an answer that ends the turn) and spreads a unit vote over the answers (SpecEM's
-`normalise`: mean token log-prob, softmax over the answers). A member's rate is SpecEM's win
-rate over all prompts: the share of (judge, rival) comparisons, judges being the OTHER members,
-in which its answer scored at least as high as the rival's. Its weight is proportional to that
-rate (at least `MIN_WEIGHT`), so a member whose answers no other member ever prefers ends at
-the bottom, under the trust's floor, and is not run at all.
+Each member answers a few prompts alone (the request's own decoding: greedy); the prompts run
+as concurrent requests of the ensemble, so their forward passes batch (the real pair on the 12
+built-in prompts, one torch thread: 59-60 s one after another, 42-46 s so; the same weights).
+Every member then scores every distinct answer in one verify-in-line pass per prompt
+(`Member.score`, its stop included for an answer that ends the turn) and spreads a unit vote
+over the answers (SpecEM's `normalise`: mean token log-prob, softmax over the answers). A
+member's rate is SpecEM's win rate over all prompts: the share of (judge, rival) comparisons,
+judges being the OTHER members, in which its answer scored at least as high as the rival's. Its
+weight is proportional to that rate (at least `MIN_WEIGHT`), so a member whose answers no other
+member ever prefers ends at the bottom, under the trust's floor, and is not run at all.
 
 For an ensemble that votes over its members' candidates (SpecEM, rerank), the same scores also
 give each member's self-preference: how far, in the vote's score, it sets its own answer apart
@@ -30,12 +32,15 @@ the kind of request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .admission import Admission
 from .chat import normalize_messages
 from .config import GenerationConfig
 from .errors import InvalidConfigError
@@ -93,24 +98,30 @@ def judge(
     prompts: Sequence[Any],
     max_new_tokens: int = MAX_NEW_TOKENS,
     score: str | None = None,
+    admission: Admission | None = None,
 ) -> Judgement:
     """Each member's mean win rate over the prompts, as the other members judge its answers,
     and (with a vote `score`) how far, on average and either way, it scores its own answer
     from its mean score of the others' answers. Prompts where every member wrote the same
     answer tell nothing and are left out (a member set that always agrees gets equal rates and
-    no self-preference)."""
+    no self-preference). With the ensemble's `admission`, the prompts run as concurrent
+    requests of the ensemble (`each_prompt`), so their forward passes batch; the result is the
+    same as one prompt after another."""
     check_int("max_new_tokens", max_new_tokens, low=1, example=MAX_NEW_TOKENS)
     names = [m.name for m in members]
     sampler = Sampler(GenerationConfig(max_new_tokens=max_new_tokens))
-    total, counted = torch.zeros(len(members), dtype=torch.float64), 0
-    margins: list[list[float]] = [[] for _ in members]
-    for prompt in prompts:
+
+    def judged(prompt: Any):
         views = [m.spawn() for m in members]
         try:
-            values, columns = _one_prompt(views, prompt, max_new_tokens, sampler)
+            return _one_prompt(views, prompt, max_new_tokens, sampler)
         finally:
             for view in views:
                 view.release()
+
+    total, counted = torch.zeros(len(members), dtype=torch.float64), 0
+    margins: list[list[float]] = [[] for _ in members]
+    for values, columns in each_prompt(prompts, judged, admission):
         if values is None:
             continue
         shares = torch.tensor([normalise(v, "logprob") for v in values], dtype=torch.float64)
@@ -126,6 +137,51 @@ def judge(
         means = {n: max(sum(m) / len(m), MIN_MARGIN) for n, m in zip(names, margins, strict=True)}
         preference = SelfPreference(score, means)
     return Judgement(dict(zip(names, rates.tolist(), strict=True)), preference)
+
+
+def each_prompt(
+    prompts: Sequence[Any], fn: Callable[[Any], Any], admission: Admission | None
+) -> list[Any]:
+    """`fn(prompt)` for every prompt, results in prompt order. With an `admission`, up to its
+    `max_concurrency` (at most one per prompt) worker threads each hold one of the ensemble's
+    request slots and take the prompts in turn, as concurrent requests would: a model's batcher
+    runs their passes together and waits for them as for any request's. Once a prompt fails no
+    worker starts another; the first failure in prompt order is raised after every worker has
+    stopped (or, where no worker got a slot for a prompt left, the refusal)."""
+    if admission is None or len(prompts) < 2:
+        return [fn(prompt) for prompt in prompts]
+    results: list[Any] = [None] * len(prompts)
+    done = [False] * len(prompts)
+    failed: dict[int, BaseException] = {}
+    refused: list[BaseException] = []
+    turns = iter(range(len(prompts)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            with admission.slot(), admission.running_here():
+                while True:
+                    with lock:
+                        i = None if failed else next(turns, None)
+                    if i is None:
+                        return
+                    try:
+                        results[i], done[i] = fn(prompts[i]), True
+                    except BaseException as error:  # raised below, once every worker stopped
+                        with lock:
+                            failed[i] = error
+        except BaseException as error:  # no slot: a full queue, a queue timeout
+            refused.append(error)
+
+    workers = min(len(prompts), admission.max_concurrency)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="calibration") as pool:
+        for _ in range(workers):
+            pool.submit(work)
+    if failed:
+        raise failed[min(failed)]
+    if not all(done):
+        raise refused[0]
+    return results
 
 
 def _one_prompt(views: list[Member], prompt: Any, max_new_tokens: int, sampler: Sampler):

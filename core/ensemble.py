@@ -272,7 +272,9 @@ class Ensemble:
             raise InvalidConfigError(
                 "calibrate() weighs members against each other; this ensemble has one member."
             )
-        measured = judge(self.members, prompts, max_new_tokens, self.algorithm.vote_score)
+        measured = judge(
+            self.members, prompts, max_new_tokens, self.algorithm.vote_score, self.admission
+        )
         self.trust.fix(rate_weights(measured.rates), measured.self_preference)
         return self.member_weights
 

@@ -5,10 +5,12 @@ call."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from scripted import Scripted
 
-from core import Ensemble, InvalidConfigError
+from core import ContextWindowError, Ensemble, InvalidConfigError
 from core.calibration import CALIBRATION_PROMPTS
 
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 5."
@@ -71,6 +73,37 @@ def test_bad_calibration_inputs_fail_at_the_call(trio, prompts, options, needle)
     with pytest.raises(InvalidConfigError, match=needle):
         ens.calibrate(prompts, **options)
     assert ens.member_weights == {"right": 1 / 3, "twin": 1 / 3, "wrong": 1 / 3}
+
+
+def test_the_prompts_run_as_concurrent_requests_and_measure_what_one_at_a_time_measures(
+    tiny_members,
+):
+    alone = Ensemble(tiny_members, "specem", max_concurrency=1)
+    expected = alone.calibrate(max_new_tokens=16)
+    ens = Ensemble(tiny_members, "specem", max_concurrency=8)
+    seen: list[bool] = []
+    watcher = threading.Thread(
+        target=lambda: seen.append(ens.admission.wait_until(lambda: ens.admission.running >= 2, 60))
+    )
+    watcher.start()
+    weights = ens.calibrate(max_new_tokens=16)
+    watcher.join()
+    assert seen == [True]  # several prompts held request slots at once
+    assert ens.admission.running == 0  # every slot given back
+    assert weights == pytest.approx(expected, abs=1e-9)
+    margins = ens.summary()["self_preference"]["margins"]
+    assert margins == pytest.approx(alone.summary()["self_preference"]["margins"], rel=1e-5)
+
+
+def test_a_prompt_that_cannot_run_fails_the_calibration_and_changes_nothing(tiny_members):
+    ens = Ensemble(tiny_members[:2], "rerank", max_concurrency=4)
+    before = ens.member_weights
+    too_long = "seven " * 5000
+    with pytest.raises(ContextWindowError, match="shorten the messages"):
+        ens.calibrate(["What is 2 + 3?", too_long, "Name a prime number."], max_new_tokens=8)
+    assert ens.member_weights == before and ens.summary()["self_preference"] is None
+    assert ens.admission.running == 0
+    assert ens.generate("What is 2 + 3?", max_new_tokens=8).text  # the ensemble still answers
 
 
 def test_one_member_cannot_be_calibrated(tiny_members):
