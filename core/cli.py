@@ -1,5 +1,6 @@
-"""`llm-ensembling demo | generate | serve`: argument parsing, then one call into the engine
-(demo, generate) or the server (`core.serve.command`). The benchmarks are the lab's
+"""`llm-ensembling demo | generate | serve | calibrate`: argument parsing, then one call into
+the engine (demo, generate), the server (`core.serve.command`) or the trust a server loads
+(`core.serve.calibrate`). The benchmarks are the lab's
 (`python -m lab bench | soak`, from a source checkout)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .cli_options import add_option_flags, given_options, parse_models, parse_op
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
 from .options import LOADING, REQUESTS
+from .serve.calibrate import add_command as add_calibrate_command
 from .serve.command import add_command as add_serve_command
 
 # The ensemble options `generate` offers: those that matter to one request (not concurrency,
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=generate)
 
     add_serve_command(sub)
+    add_calibrate_command(sub)
     return parser
 
 
