@@ -95,6 +95,10 @@ class Ensemble:
         for member in self.members:
             member.serve(threads)
         self.admission = Admission(limit, queue, self.options.queue_timeout, threads)
+        self._built_preference = None
+        if self.options.self_preference == "builtin":
+            self._built_preference = self._measure_self_preference()
+            self.trust.prefer(self._built_preference)
 
     @classmethod
     @takes_options(*GROUPS)
@@ -240,8 +244,11 @@ class Ensemble:
         self.trust.learn = check_bool("learn_weights", learn)
 
     def reset_weights(self) -> None:
-        """Equal weights again: every method then decides exactly as it does without them."""
+        """Equal weights again: every method then decides exactly as it does without them
+        (with `self_preference="builtin"`, its votes still even out what the ensemble measured
+        when it was built)."""
         self.trust.reset()
+        self.trust.prefer(self._built_preference)
 
     def save_weights(self, path: str | os.PathLike) -> Path:
         """`member_weights` as JSON, written atomically. Returns the path."""
@@ -298,6 +305,17 @@ class Ensemble:
     def context_window(self) -> int:
         """The smallest window among the active members: a prompt and its answer must fit all."""
         return min(member.context_window for member in self.algorithm.active)
+
+    def _measure_self_preference(self):
+        """Each voter's self-preference on the built-in calibration prompts
+        (`self_preference="builtin"`); None for a method that does not vote, or one member."""
+        score = self.algorithm.vote_score
+        if score is None or len(self.algorithm.active) < 2:
+            return None
+        prompts = check_prompts(None)
+        return judge(
+            self.members, prompts, CALIBRATION_TOKENS, score, self.admission
+        ).self_preference
 
     def _trusted_algorithm(self) -> Method:
         """The method as the next request would run it (SAFE: the drafter trust picks)."""

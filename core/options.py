@@ -283,6 +283,18 @@ OPTIONS: tuple[Option, ...] = (
         help="seconds a request may wait for a slot, then EnsembleBusyError (None: no limit)",
     ),
     Option(
+        "self_preference",
+        Choice({
+            "off": "each judge's scores as they are",
+            "builtin": "measured on the built-in calibration prompts when the ensemble is built",
+        }),
+        "off", TRUST, example="builtin",
+        help="SpecEM's and rerank's votes: 'builtin' measures, when the ensemble is built, how "
+        "far each member favours its own answers as a judge (calibrate()'s self-preference, on "
+        "the built-in prompts; the weights stay as they are), and each vote evens it out; "
+        "'off': each judge's scores as they are",
+    ),
+    Option(
         "learn_weights", Flag(), False, TRUST, example=True,
         help="learn the member weights from the ensemble's own decisions, across requests "
         "(False: they stay as they are, and a request's text depends on that request alone)",

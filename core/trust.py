@@ -316,6 +316,12 @@ class MemberTrust:
             if freeze:
                 self.learn = False
 
+    def prefer(self, self_preference: SelfPreference | None) -> None:
+        """Set the self-preference alone (the `self_preference="builtin"` option): the weights
+        and whether they learn stay as they are."""
+        with self._lock:
+            self.self_preference = self_preference
+
     def fix(
         self, weights: Mapping[str, float], self_preference: SelfPreference | None = None
     ) -> None:

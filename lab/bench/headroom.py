@@ -136,10 +136,15 @@ def run(
     members = load_members(list(models), device, dtype)
     names = [m.name for m in members]
     setups = headroom_setups(names, methods, which, configs, calibrated=calibrate > 0)
-    ensembles = {s.label: ensemble_for(members, s) for s in setups}
+    weights, drafters, calibration, preferences = {}, {}, {}, {}
+    ensembles = {}
+    for setup in setups:  # self_preference="builtin" measures while the ensemble is built
+        started = time.perf_counter()
+        ensembles[setup.label] = ensemble_for(members, setup)
+        if ensembles[setup.label].summary()["self_preference"]:
+            calibration[setup.label] = time.perf_counter() - started
     config = GenerationConfig(max_new_tokens=max_new_tokens)
     prompts = _calibration_prompts(source, form, calibrate, warmup_seed)
-    weights, drafters, calibration, preferences = {}, {}, {}, {}
     bar = _bar(progress, len(setups) * (warmup + 1), "warm-up")
     for setup in setups:
         ensemble = ensembles[setup.label]
@@ -147,13 +152,13 @@ def run(
             started = time.perf_counter()
             ensemble.calibrate(prompts)
             calibration[setup.label] = time.perf_counter() - started
-            preferences[setup.label] = ensemble.summary()["self_preference"]
         elif warm_task and len(ensemble.members) > 1:
             ensemble.learn_weights = True  # the warm-up learns the member weights...
             for messages, _ in warm_task.items:
                 ensemble.generate(messages, config)
                 _tick(bar)
             ensemble.learn_weights = False  # ...then they stay: each answer its problem's
+        preferences[setup.label] = ensemble.summary()["self_preference"]
         moved = len(set(ensemble.member_weights.values())) > 1
         weights[setup.label] = ensemble.member_weights if moved else None
         # one untimed request (lazy inits, allocator); the drafter is the first member started
