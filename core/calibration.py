@@ -1,8 +1,9 @@
 """Member trust without labels, measured once and frozen (`Ensemble.calibrate`).
 
-Each member answers a few prompts alone (the request's own decoding: greedy); the prompts run
-as concurrent requests of the ensemble, so their forward passes batch (the real pair on the 12
-built-in prompts, one torch thread: 59-60 s one after another, 42-46 s so; the same weights).
+Each member answers a few prompts alone (the request's own decoding: greedy). The prompts run
+as concurrent requests of the ensemble, one member over every prompt at a time, so the
+prompts' forward passes on a model come together and batch (the real pair on the 12 built-in
+prompts, one torch thread: 59-60 s one prompt after another; the same weights).
 Every member then scores every distinct answer in one verify-in-line pass per prompt
 (`Member.score`, its stop included for an answer that ends the turn) and spreads a unit vote
 over the answers (SpecEM's `normalise`: mean token log-prob, softmax over the answers). A
@@ -110,18 +111,15 @@ def judge(
     check_int("max_new_tokens", max_new_tokens, low=1, example=MAX_NEW_TOKENS)
     names = [m.name for m in members]
     sampler = Sampler(GenerationConfig(max_new_tokens=max_new_tokens))
-
-    def judged(prompt: Any):
-        views = [m.spawn() for m in members]
-        try:
-            return _one_prompt(views, prompt, max_new_tokens, sampler)
-        finally:
-            for view in views:
-                view.release()
+    size = len(prompts) if admission is None else max(1, admission.max_concurrency)
+    judged: list[tuple[Any, Any]] = []
+    for first in range(0, len(prompts), size):  # as many prompts at once as may run at once
+        group = prompts[first : first + size]
+        judged += _judge_group(members, group, max_new_tokens, sampler, admission)
 
     total, counted = torch.zeros(len(members), dtype=torch.float64), 0
     margins: list[list[float]] = [[] for _ in members]
-    for values, columns in each_prompt(prompts, judged, admission):
+    for values, columns in judged:
         if values is None:
             continue
         shares = torch.tensor([normalise(v, "logprob") for v in values], dtype=torch.float64)
@@ -184,25 +182,45 @@ def each_prompt(
     return results
 
 
-def _one_prompt(views: list[Member], prompt: Any, max_new_tokens: int, sampler: Sampler):
-    """Every member's answer to one prompt and every member's token scores of the distinct
-    answers: (values[judge][answer], each member's answer column), or (None, None) when all
-    agree."""
-    for view in views:
+def _judge_group(
+    members: Sequence[Member],
+    prompts: Sequence[Any],
+    max_new_tokens: int,
+    sampler: Sampler,
+    admission: Admission | None,
+) -> list[tuple[Any, Any]]:
+    """For each prompt, every member's token scores of the distinct answers: (values[judge]
+    [answer], each member's answer column), or (None, None) when all members agree. One member
+    answers every prompt before the next member starts, so the prompts' passes on that
+    member's model come together and batch."""
+    views = [[m.spawn() for m in members] for _ in prompts]
+
+    def answer(view: Member, prompt: Any) -> tuple[str, bool]:
         view.start(normalize_messages(prompt))
         view.reserve(max_new_tokens)
-
-    def answer(view: Member, sampler: Sampler) -> tuple[str, bool]:
         draft = view.draft(max_new_tokens, sampler)
         return view.text, draft.stopped
 
-    answers = each(views, answer, sampler)
-    distinct = list(dict.fromkeys(answers))
-    if len(distinct) < 2:
-        return None, None
-    texts, ends = [a[0] for a in distinct], [a[1] for a in distinct]
-    values = each(views, lambda view: view.score(texts, base="", ends=ends))
-    return values, [distinct.index(a) for a in answers]
+    def scores(i: int):
+        answers = [answered[j][i] for j in range(len(members))]
+        distinct = list(dict.fromkeys(answers))
+        if len(distinct) < 2:
+            return None, None
+        texts, ends = [a[0] for a in distinct], [a[1] for a in distinct]
+        values = each(views[i], lambda view: view.score(texts, base="", ends=ends))
+        return values, [distinct.index(a) for a in answers]
+
+    indices = list(range(len(prompts)))
+    try:
+        answered = [
+            each_prompt(indices, lambda i, j=j: answer(views[i][j], prompts[i]), admission)
+            for j in range(len(members))
+        ]
+        return each_prompt(indices, scores, admission)
+    finally:
+        for row in views:
+            for view in row:
+                view.release()
 
 
 def rate_weights(rates: dict[str, float]) -> dict[str, float]:
