@@ -1,10 +1,10 @@
 """Member trust without labels, measured once and frozen (`Ensemble.calibrate`).
 
-Each member answers a few prompts alone (the request's own decoding: greedy). The prompts run
-as concurrent requests of the ensemble, one member over every prompt at a time, so the
-prompts' forward passes on a model come together and batch (the real pair on the 12 built-in
-prompts, one torch thread: 59-60 s one prompt after another; the same weights).
-Every member then scores every distinct answer in one verify-in-line pass per prompt
+Each member answers a few prompts alone (the request's own decoding: greedy). The prompts run as
+concurrent requests of the ensemble, one member over every prompt at a time, so the prompts'
+forward passes on a model come together and batch (the real pair on the 12 built-in prompts, one
+torch thread: 44-46 s against 61-66 s one prompt after another under the same load; the same
+weights). Every member then scores every distinct answer in one verify-in-line pass per prompt
 (`Member.score`, its stop included for an answer that ends the turn) and spreads a unit vote
 over the answers (SpecEM's `normalise`: mean token log-prob, softmax over the answers). A
 member's rate is SpecEM's win rate over all prompts: the share of (judge, rival) comparisons,
@@ -105,13 +105,13 @@ def judge(
     and (with a vote `score`) how far, on average and either way, it scores its own answer
     from its mean score of the others' answers. Prompts where every member wrote the same
     answer tell nothing and are left out (a member set that always agrees gets equal rates and
-    no self-preference). With the ensemble's `admission`, the prompts run as concurrent
-    requests of the ensemble (`each_prompt`), so their forward passes batch; the result is the
-    same as one prompt after another."""
+    no self-preference). With the ensemble's `admission`, up to its `max_concurrency` prompts
+    run at once as requests of the ensemble (`each_prompt`), one member over all of them at a
+    time, so their forward passes batch; the result is the same as one prompt after another."""
     check_int("max_new_tokens", max_new_tokens, low=1, example=MAX_NEW_TOKENS)
     names = [m.name for m in members]
     sampler = Sampler(GenerationConfig(max_new_tokens=max_new_tokens))
-    size = len(prompts) if admission is None else max(1, admission.max_concurrency)
+    size = max(1, len(prompts) if admission is None else admission.max_concurrency)
     judged: list[tuple[Any, Any]] = []
     for first in range(0, len(prompts), size):  # as many prompts at once as may run at once
         group = prompts[first : first + size]
