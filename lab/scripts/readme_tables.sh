@@ -29,6 +29,15 @@ headroom() {  # the default against the ceiling: every member alone, every metho
     --config "bpe + spm + word: rerank=$min,members=0+1+2" \
     --config "bpe + spm + word + early: rerank=$min,members=0+1+2+3" \
     --out "$OUT/headroom-rerank-min"
+  # SpecEM and rerank with self_preference="builtin" on the three and with the weak member
+  # (the rows marked ⁴)
+  local own=self_preference=builtin label="(self-preference, built-in prompts)"
+  $BENCH --headroom --n 200 --seed 1 --threads 1 --max-new-tokens 128 --methods single \
+    --config "bpe + spm + word: specem $label=specem:members=0+1+2,$own" \
+    --config "bpe + spm + word: rerank $label=rerank:members=0+1+2,$own" \
+    --config "bpe + spm + word + early: specem $label=specem:members=0+1+2+3,$own" \
+    --config "bpe + spm + word + early: rerank $label=rerank:members=0+1+2+3,$own" \
+    --out "$OUT/headroom-builtin"
 }
 
 tuning() {  # how the defaults and each method's best options were chosen: held-out problems of
@@ -250,6 +259,12 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods single --config "smollm2 + gemma: rerank=rerank:score=min" \
       --out "$OUT/real-headroom-$form-rerank"
+    # SpecEM and rerank with self_preference="builtin" (the rows marked ⁴)
+    $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
+      --max-new-tokens 48 --methods single \
+      --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
+      --config "rerank (self-preference, built-in prompts)=rerank:self_preference=builtin" \
+      --out "$OUT/real-headroom-$form-builtin"
   done
   for form in qa rag; do  # each method at its defaults with both members in bfloat16
     $BENCH --headroom --task real --form "$form" --n 60 --seed 1 --threads 1 --dtype bfloat16 \
@@ -268,6 +283,9 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # the same, SpecEM and rerank calibrated first (weights and self-preference) on 12 of seed 2
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
     --methods single,specem,rerank --calibrate 12 --out "$OUT/real-rag-calibrated"
+  # the same, SpecEM and rerank built with self_preference="builtin"
+  $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
+    --methods single,specem,rerank --self-preference builtin --out "$OUT/real-rag-builtin"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
