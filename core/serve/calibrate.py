@@ -18,7 +18,7 @@ from typing import Any
 from ..calibration import MAX_NEW_TOKENS
 from ..cli_options import add_option_flags, given_options, parse_models, parse_options
 from ..errors import InvalidConfigError
-from ..options import GROUPS
+from ..options import GROUPS, Options
 from .settings import SERVE_DEFAULTS, build_settings, read_config
 
 
@@ -40,7 +40,9 @@ def calibrate(args: argparse.Namespace) -> int:
             '"trust.json" in the --config file (which serve then loads).'
         )
     prompts = read_prompts(args.prompts) if args.prompts else None
-    ensemble = dataclasses.replace(spec, weights=None).load()  # what is there gets replaced
+    # what a weights file or the built-in self-preference would set, calibration replaces
+    settings = Options({**spec.settings, "self_preference": "off"})
+    ensemble = dataclasses.replace(spec, weights=None, settings=settings).load()
     weights = ensemble.calibrate(prompts, max_new_tokens=args.max_new_tokens)
     saved = ensemble.save_weights(out)
     report = {
