@@ -194,6 +194,9 @@ grammar() {  # time per output token with a grammar that allows any text, agains
 rag() {  # retrieval through LlamaIndex's query engine: every member alone and every method at its
   # defaults on 400 problems (rows 5 points apart differ by more than their noise)
   $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --out "$OUT/rag"
+  # SpecEM and rerank built with self_preference="builtin"
+  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --methods single,specem,rerank \
+    --self-preference builtin --out "$OUT/rag-builtin"
 }
 
 tool() {  # tool use: each single model and method, with the grammar and with the prompt only
@@ -203,6 +206,11 @@ tool() {  # tool use: each single model and method, with the grammar and with th
   # rerank counting each answer as its least likely token
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 --methods single \
     --config "rerank=rerank:score=min" --out "$OUT/tool-rerank-min"
+  # SpecEM and rerank built with self_preference="builtin"
+  $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 --methods single \
+    --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
+    --config "rerank (self-preference, built-in prompts)=rerank:self_preference=builtin" \
+    --out "$OUT/tool-builtin"
 }
 
 speed() {  # time per output token against the drafter alone, side by side in one run, and where
