@@ -313,9 +313,16 @@ class Ensemble:
         if score is None or len(self.algorithm.active) < 2:
             return None
         prompts = check_prompts(None)
-        return judge(
-            self.members, prompts, CALIBRATION_TOKENS, score, self.admission
-        ).self_preference
+        try:
+            measured = judge(self.members, prompts, CALIBRATION_TOKENS, score, self.admission)
+        except MemberError as error:
+            raise MemberError(
+                f"self_preference='builtin' could not be measured on the built-in prompts: "
+                f"{error} Build the ensemble with self_preference='off' to go on without it.",
+                member=error.member,
+                operation=error.operation,
+            ) from error
+        return measured.self_preference
 
     def _trusted_algorithm(self) -> Method:
         """The method as the next request would run it (SAFE: the drafter trust picks)."""

@@ -296,3 +296,31 @@ def test_adapters_pass_callback_errors_through(shipped_members):
         ChatEnsemble.from_ensemble(ens, on_event=handler, max_tokens=8).invoke("Hi")
     with pytest.raises(Mine):
         EnsembleLLM(ensemble=ens, on_event=handler, max_new_tokens=8).complete("Hi")
+
+
+def test_a_member_failing_while_the_builtin_self_preference_is_measured_fails_the_build(
+    shipped_members,
+):
+    """The measurement runs when the ensemble is built: a member that fails there fails the
+    build, naming the member, the option and the way on; the members serve the next ensemble
+    as if nothing had happened."""
+    name = shipped_members[1].name
+
+    def broken(*_):  # every pass fails, so no retry of a batched pass can get past it
+        raise Fault("injected fault")
+
+    handle = shipped_members[1].model.register_forward_pre_hook(broken)
+    try:
+        with pytest.raises(
+            MemberError, match="self_preference='builtin'.*self_preference='off'"
+        ) as e:
+            Ensemble(list(shipped_members), "specem", self_preference="builtin")
+    finally:
+        handle.remove()
+    assert e.value.member == name and "injected fault" in str(e.value)
+    built = Ensemble(list(shipped_members), "specem", self_preference="builtin")
+    fresh = Ensemble(list(shipped_members), "specem")
+    fresh.calibrate(max_new_tokens=64)
+    assert built.summary()["self_preference"]["margins"] == pytest.approx(
+        fresh.summary()["self_preference"]["margins"], rel=1e-5
+    )
