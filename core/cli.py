@@ -10,7 +10,13 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .cli_options import add_option_flags, given_options, parse_models, parse_options
+from .cli_options import (
+    add_member_flags,
+    add_option_flags,
+    given_options,
+    parse_models,
+    parse_options,
+)
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
 from .options import LOADING, REQUESTS
@@ -113,15 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="stream one answer from an ensemble")
     p.add_argument("prompt")
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        help="a member: a directory, .gguf file, ollama:NAME (a model Ollama pulled) or hub id, "
-        "or a JSON object of Local's or Remote's fields (repeat for each member)",
-    )
-    p.add_argument("--method", default=DEFAULT_METHOD)
-    p.add_argument("--option", action="append", default=[], help="method option key=value")
+    add_member_flags(p, DEFAULT_METHOD)
     p.add_argument("--system", default="")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)

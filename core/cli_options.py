@@ -39,6 +39,31 @@ def parse_options(pairs: Sequence[str]) -> dict:
     return options
 
 
+def add_member_flags(parser: argparse.ArgumentParser, method: str | None = None) -> None:
+    """The ensemble a command builds: `--model` (repeated, one per member), `--method` (default
+    `method`; None: the config file's, else the library's) and `--option` (the method's)."""
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="a member: a directory, .gguf file, ollama:NAME (a model Ollama pulled) or hub id, "
+        "or a JSON object of Local's or Remote's fields (repeat for each member)",
+    )
+    parser.add_argument("--method", default=method, help="safe | specem | rerank | token | single")
+    parser.add_argument("--option", action="append", default=[], help="method option key=value")
+
+
+def ensemble_flags(args: argparse.Namespace, groups: Iterable[str]) -> dict[str, Any]:
+    """What `add_member_flags` and `add_option_flags` read, as an ensemble.toml's top level
+    would hold it (None: not given)."""
+    return {
+        "members": parse_models(args.model) or None,
+        "method": args.method,
+        "options": parse_options(args.option) or None,
+        **given_options(args, groups),
+    }
+
+
 def add_option_flags(
     parser: argparse.ArgumentParser, groups: Iterable[str], defaults: Mapping[str, Any]
 ) -> None:

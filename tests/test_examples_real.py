@@ -142,20 +142,16 @@ def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
     assert "at least one member right (the ceiling)" in out
 
 
+def rag_eval_args(**given) -> argparse.Namespace:
+    """The retrieval example's `--real --eval` arguments: one problem of seed 2 by default."""
+    defaults = dict(real=True, eval=1, seed=2, device="cpu", threads=0, out="x", methods=None)
+    return argparse.Namespace(**{**defaults, "calibrate": 0, "self_preference": "off", **given})
+
+
 @needs_trained
 def test_the_retrieval_example_evaluates_the_real_rag_form(tiny_as_real, tmp_path):
     example = load_example("llamaindex_rag")
-    args = argparse.Namespace(
-        real=True,
-        eval=2,
-        seed=2,
-        device="cpu",
-        threads=0,
-        out="x",
-        methods=None,
-        calibrate=0,
-        self_preference="off",
-    )
+    args = rag_eval_args(eval=2)
     result, table = example.evaluate(args)
     problems = make_real_problems(2, seed=2, form="rag")
     assert result["members"] == [m.name for m in tiny_as_real] and result["problems"] == 2
@@ -219,17 +215,7 @@ def test_the_demo_runs_on_the_real_pair(capsys):
 @needs_trained
 def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real):
     example = load_example("llamaindex_rag")
-    args = argparse.Namespace(
-        real=True,
-        eval=1,
-        seed=2,
-        device="cpu",
-        threads=0,
-        out="x",
-        methods=["single", "rerank"],
-        calibrate=2,
-        self_preference="off",
-    )
+    args = rag_eval_args(methods=["single", "rerank"], calibrate=2)
     result, table = example.evaluate(args)
     singles = [f"single ({m.name})" for m in tiny_as_real]
     assert [row["label"] for row in result["rows"]] == [*singles, "rerank (calibrated)"]
@@ -244,17 +230,7 @@ def test_the_retrieval_example_calibrates_the_rows_it_is_asked_for(tiny_as_real)
 @needs_trained
 def test_the_retrieval_example_builds_its_ensembles_with_a_builtin_self_preference(tiny_as_real):
     example = load_example("llamaindex_rag")
-    args = argparse.Namespace(
-        real=True,
-        eval=1,
-        seed=2,
-        device="cpu",
-        threads=0,
-        out="x",
-        methods=["single", "specem"],
-        calibrate=0,
-        self_preference="builtin",
-    )
+    args = rag_eval_args(methods=["single", "specem"], self_preference="builtin")
     result, table = example.evaluate(args)
     label = "specem (self-preference, built-in prompts)"
     assert [row["label"] for row in result["rows"]][-1] == label and label in table

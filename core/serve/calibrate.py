@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..calibration import MAX_NEW_TOKENS
-from ..cli_options import add_option_flags, given_options, parse_models, parse_options
+from ..cli_options import add_member_flags, add_option_flags, ensemble_flags
 from ..errors import InvalidConfigError
 from ..options import GROUPS, Options
 from .settings import SERVE_DEFAULTS, build_settings, read_config
@@ -24,15 +24,7 @@ from .settings import SERVE_DEFAULTS, build_settings, read_config
 
 def calibrate(args: argparse.Namespace) -> int:
     config = read_config(args.config) if args.config else None
-    spec = build_settings(
-        config,
-        ensemble={
-            "members": parse_models(args.model) or None,
-            "method": args.method,
-            "options": parse_options(args.option) or None,
-            **given_options(args, GROUPS),
-        },
-    ).ensemble
+    spec = build_settings(config, ensemble=ensemble_flags(args, GROUPS)).ensemble
     out = args.out or spec.weights
     if out is None:
         raise InvalidConfigError(
@@ -88,15 +80,7 @@ def add_command(sub) -> None:
         "and write it for serve --weights",
     )
     p.add_argument("--config", default=None, help="ensemble.toml: the members, method, options")
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        help="a member: a directory, .gguf file, ollama:NAME (a model Ollama pulled) or hub id, "
-        "or a JSON object of Local's or Remote's fields (repeat for each member)",
-    )
-    p.add_argument("--method", default=None, help="safe | specem | rerank | token | single")
-    p.add_argument("--option", action="append", default=[], help="method option key=value")
+    add_member_flags(p)
     p.add_argument(
         "--prompts",
         default=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli_options import add_option_flags, given_options, parse_models, parse_options
+from ..cli_options import add_member_flags, add_option_flags, ensemble_flags
 from ..errors import InvalidConfigError
 from ..options import GROUPS
 from .settings import SERVE_DEFAULTS, ServeSettings, build_settings, read_config
@@ -31,13 +31,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     """The server's settings: the --config file's, with the flags given over them."""
     return build_settings(
         read_config(args.config) if args.config else None,
-        ensemble={
-            "members": parse_models(args.model) or None,
-            "method": args.method,
-            "options": parse_options(args.option) or None,
-            "weights": args.weights,
-            **given_options(args, GROUPS),
-        },
+        ensemble={**ensemble_flags(args, GROUPS), "weights": args.weights},
         server={
             "host": args.host,
             "port": args.port,
@@ -61,15 +55,7 @@ def add_command(sub) -> None:
         help="serve the ensemble as one OpenAI-compatible model over HTTP (needs the serve extra)",
     )
     p.add_argument("--config", default=None, help="ensemble.toml: members, method, options, ...")
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        help="a member: a directory, .gguf file, ollama:NAME (a model Ollama pulled) or hub id, "
-        "or a JSON object of Local's or Remote's fields (repeat for each member)",
-    )
-    p.add_argument("--method", default=None, help="safe | specem | token | single")
-    p.add_argument("--option", action="append", default=[], help="method option key=value")
+    add_member_flags(p)
     p.add_argument(
         "--weights",
         default=None,
