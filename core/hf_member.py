@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -74,6 +75,7 @@ class HFMember(Member):
         self.batcher = batcher_for(model)
         self.store = self.batcher.store  # None: each request keeps its own KVPrefix
         self._pool = PrefixPool()  # shared by every request on this member, on purpose
+        self.files: tuple[tuple[str, int, int], ...] | None = None  # set by `load`
 
     @classmethod
     def load(
@@ -91,7 +93,7 @@ class HFMember(Member):
         dtype, name) win over the arguments here."""
         from .few_rows import use_few_row_kernels
         from .gguf import is_gguf
-        from .loading import load_config, load_gguf, load_model, load_tokenizer
+        from .loading import load_config, load_gguf, load_model, load_tokenizer, source_files
         from .memory import check_all_fit
 
         spec, path, resolved, resolved_dtype = _resolved(source, device, dtype, use_safetensors)
@@ -106,7 +108,9 @@ class HFMember(Member):
         template = spec.template_text()
         if template is not None:
             tokenizer.chat_template = template
-        return cls(spec.name or name or spec.label, model, tokenizer, spec.stop)
+        member = cls(spec.name or name or spec.label, model, tokenizer, spec.stop)
+        member.files = source_files(path)
+        return member
 
     @property
     def prefilled(self) -> int:
@@ -114,6 +118,19 @@ class HFMember(Member):
         return self.state.prefilled
 
     # --- cache and forward ----------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        if self.files is None or type(self) is not HFMember:  # built from a model in memory,
+            return None  # or a subclass computing what it likes: no file says what it does
+        return {
+            "name": self.name,
+            "files": [list(f) for f in self.files],
+            "chat_template": self.tokenizer.chat_template,
+            "stop": list(self.stop_strings),
+            "dtype": str(self.dtype),
+            "device": self.device.type,
+        }
 
     @property
     def runs_on(self) -> str:

@@ -380,3 +380,39 @@ def load_tokenizer(source: str):
         f"the tokenizer loaded for {source!r} does not reproduce its own tokenizer.json; "
         "re-save the tokenizer with save_pretrained from the library version that made it."
     )
+
+
+def source_files(source: str) -> tuple[tuple[str, int, int], ...] | None:
+    """The files a member was loaded from, each as (resolved path, size, modification time in
+    ns): a GGUF file, or every file at the top of a model directory (config, weights,
+    tokenizer; for a hub id, its snapshot in the hub cache, each file resolved to its blob,
+    whose name is its content's hash). What a measurement made over the member may be kept
+    under; None where no file is found."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        path = _hub_snapshot(source)
+    if path is not None and path.is_file():
+        files = [path]
+    elif path is not None and path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file())
+    else:
+        return None
+    stats = [(str(p.resolve()), p.stat()) for p in files]
+    return tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The hub cache's folder of the revision `from_pretrained(repo_id)` loaded, if any."""
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(
+            repo_id,
+            "config.json",
+            local_files_only=True,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except (OSError, ValueError):  # not a repo id the hub cache can name
+        return None
+    return Path(found).parent if found else None

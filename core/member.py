@@ -234,6 +234,14 @@ class Member(ABC):
         return "local"
 
     @property
+    def fingerprint(self) -> dict[str, Any] | None:
+        """What this member's outputs depend on, where that can be read without running it
+        (the files it was loaded from, its template, stops, dtype, device); None where it
+        cannot (a model built in memory, a server), so nothing measured over it is kept
+        across processes."""
+        return None
+
+    @property
     def window_left(self) -> int:
         """How many more tokens fit in the context window."""
         return self.context_window - len(self.state.sequence.seq)
