@@ -42,6 +42,7 @@ from .member import ContextOverflow, Member
 from .methods import DEFAULT_METHOD, Method, Request, build_method, check_method
 from .methods.base import CallbackFailed
 from .options import GROUPS, RUNNING, split_options, takes_options
+from .preference_store import measurement_key, store, stored
 from .remote import Remote, connect
 from .sampling import Sampler
 from .sources import Models, model_sources
@@ -308,11 +309,16 @@ class Ensemble:
 
     def _measure_self_preference(self):
         """Each voter's self-preference on the built-in calibration prompts
-        (`self_preference="builtin"`); None for a method that does not vote, or one member."""
+        (`self_preference="builtin"`); None for a method that does not vote, or one member.
+        Measured once per member set and kept on disk (`core.preference_store`)."""
         score = self.algorithm.vote_score
         if score is None or len(self.algorithm.active) < 2:
             return None
         prompts = check_prompts(None)
+        key = measurement_key(self.members, score, prompts, CALIBRATION_TOKENS)
+        found, preference = stored(key, [m.name for m in self.members])
+        if found:
+            return preference
         try:
             measured = judge(self.members, prompts, CALIBRATION_TOKENS, score, self.admission)
         except MemberError as error:
@@ -322,6 +328,7 @@ class Ensemble:
                 member=error.member,
                 operation=error.operation,
             ) from error
+        store(key, measured.self_preference)
         return measured.self_preference
 
     def _trusted_algorithm(self) -> Method:

@@ -291,8 +291,9 @@ OPTIONS: tuple[Option, ...] = (
         "off", TRUST, example="builtin",
         help="SpecEM's and rerank's votes: 'builtin' measures, when the ensemble is built, how "
         "far each member favours its own answers as a judge (calibrate()'s self-preference, on "
-        "the built-in prompts; the weights stay as they are), and each vote evens it out; "
-        "'off': each judge's scores as they are",
+        "the built-in prompts; the weights stay as they are; kept on disk per set of member "
+        "files, so a later build reads it), and each vote evens it out; 'off': each judge's "
+        "scores as they are",
     ),
     Option(
         "learn_weights", Flag(), False, TRUST, example=True,

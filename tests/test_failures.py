@@ -18,6 +18,7 @@ from conftest import needs_trained
 from core import Ensemble, GenerationConfig, MemberError
 from core.events import MemberFailed
 from core.testbed import make_problems
+from core.user_cache import CACHE_ENV
 
 pytestmark = needs_trained
 CONFIG = GenerationConfig(max_new_tokens=24)
@@ -299,11 +300,12 @@ def test_adapters_pass_callback_errors_through(shipped_members):
 
 
 def test_a_member_failing_while_the_builtin_self_preference_is_measured_fails_the_build(
-    shipped_members,
+    shipped_members, tmp_path, monkeypatch
 ):
     """The measurement runs when the ensemble is built: a member that fails there fails the
     build, naming the member, the option and the way on; the members serve the next ensemble
-    as if nothing had happened."""
+    as if nothing had happened. (An empty cache folder: a kept measurement runs no pass.)"""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     name = shipped_members[1].name
 
     def broken(*_):  # every pass fails, so no retry of a batched pass can get past it
