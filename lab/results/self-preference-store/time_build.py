@@ -1,0 +1,52 @@
+"""Times building an ensemble with `self_preference="builtin"` twice in one process, over
+members loaded from their files, and prints what each build measured or read.
+
+    LLM_ENSEMBLING_CACHE=DIR \
+        python lab/results/self-preference-store/time_build.py shipped|real [METHOD]
+
+Run twice with the same (first empty) DIR: the first process measures, then reads; the second
+reads in both builds (a new process over the same files).
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+from core import Ensemble, HFMember
+
+
+def sources(which: str) -> list:
+    if which == "real":
+        from core.testbed.real_models import real_members
+
+        return real_members()
+    from core.testbed import model_paths
+
+    return [str(p) for p in model_paths()]
+
+
+def main(which: str, method: str = "rerank") -> None:
+    torch.set_num_threads(1)
+    members = [HFMember.load(s, device="cpu") for s in sources(which)]
+    for build in (1, 2):
+        started = time.perf_counter()
+        ensemble = Ensemble(members, method, self_preference="builtin")
+        seconds = time.perf_counter() - started
+        preference = ensemble.summary().get("self_preference")
+        print(
+            json.dumps(
+                {
+                    "members": which,
+                    "method": method,
+                    "build": build,
+                    "seconds": round(seconds, 3),
+                    "self_preference": preference,
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
