@@ -27,6 +27,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from core import Ensemble, HFMember  # noqa: E402
 from core.testbed import MODEL_ORDER, model_paths, random_model  # noqa: E402
+from core.user_cache import CACHE_ENV  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def run_cache(tmp_path_factory):
+    """What the library keeps across processes (the real testbed's joined GGUF file, built-in
+    self-preference measurements) goes to a folder of this run's, never the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.fixture(scope="session")
