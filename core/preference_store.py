@@ -1,7 +1,7 @@
 """Built-in self-preference measurements kept on disk (`self_preference="builtin"`).
 
 The measurement answers the built-in prompts with every member and scores every answer with
-every member: about 45 seconds for a 135M and a 270M model on a CPU. What it measures depends
+every member: 45-72 seconds for a 135M and a 270M model on a CPU. What it measures depends
 only on the members and on the measurement itself, so an ensemble built again over the same
 member files (a new process, a restarted server, a notebook run again) reads the margins it
 measured before. A member that cannot say what it was loaded from (`Member.fingerprint` is

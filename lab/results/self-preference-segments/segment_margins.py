@@ -9,48 +9,48 @@ judge's mean token log-prob of its own segment is compared with its mean over th
 
 import statistics
 import sys
-import threading
 
 import torch
 
 import core.methods.specem as specem
 from core.calibration import CALIBRATION_PROMPTS, reduced
 from core.ensemble import Ensemble
+from core.events import SegmentCandidates
 from lab.bench.setups import default_models, load_members
 
-rounds = []  # (judge, its mean token log-prob of each candidate, each candidate's authors)
-local = threading.local()
-member_shares, shares = specem.member_shares, specem.SpecEM._shares
+judged = []  # per verifying call, in order: (judge, the candidates, its mean token log-probs)
+member_shares = specem.member_shares
 
 
 def recording_member_shares(member, texts, ends, *args, **kwargs):
     values = member.score(texts, base=args[2], ends=ends)  # args: score, raw_prompt, base, ...
-    rounds.append((member.name, [reduced(v, "logprob") for v in values], local.authors))
+    judged.append((member.name, list(texts), [reduced(v, "logprob") for v in values]))
     return member_shares(member, texts, ends, *args, **kwargs)
-
-
-def recording_shares(self, request, candidates):
-    local.authors = [[self.members[self.drafters[a]].name for a in c.authors] for c in candidates]
-    return shares(self, request, candidates)
 
 
 def main(which: str) -> None:
     torch.set_num_threads(1)
     specem.member_shares = recording_member_shares
-    specem.SpecEM._shares = recording_shares
     models = default_models("real" if which == "real" else "arithmetic")
     if which == "weak":
         models.append(models[0].replace("tb-gpt2-bpe", "tb-gpt2-early"))
     members = load_members(models)
     ensemble = Ensemble(members, "specem")
-    for prompt in CALIBRATION_PROMPTS:
-        ensemble.generate([{"role": "user", "content": prompt}], max_new_tokens=64)
     margins = {m.name: [] for m in members}
-    for judge, scores, authors in rounds:
-        own = [c for c, names in enumerate(authors) if judge in names]
-        if own and len(scores) > 1:
-            others = [s for c, s in enumerate(scores) if c != own[0]]
-            margins[judge].append(abs(scores[own[0]] - sum(others) / len(others)))
+    for prompt in CALIBRATION_PROMPTS:
+        start = len(judged)
+        out = ensemble.generate([{"role": "user", "content": prompt}], max_new_tokens=64)
+        calls = iter(judged[start:])
+        for event in out.events:  # each round with two or more texts: one call per member
+            if not isinstance(event, SegmentCandidates) or len(set(event.candidates.values())) < 2:
+                continue
+            for _ in members:
+                judge, texts, scores = next(calls)
+                mine = event.candidates.get(judge)
+                if mine in texts:
+                    own = texts.index(mine)
+                    others = [s for c, s in enumerate(scores) if c != own]
+                    margins[judge].append(abs(scores[own] - sum(others) / len(others)))
     means = {name: statistics.mean(m) for name, m in margins.items()}
     least = min(means.values())
     for name, m in margins.items():
