@@ -11,21 +11,13 @@ import time
 import torch
 
 from core.ensemble import Ensemble
-
-
-def members(which: str) -> list:
-    if which == "real":
-        from core.testbed.real_models import real_members
-
-        return real_members()
-    from core.testbed import model_paths
-
-    return [str(p) for p in model_paths()]
+from lab.bench.setups import default_models
 
 
 def main(which: str, method: str = "specem") -> None:
     torch.set_num_threads(1)
-    ensemble = Ensemble.from_pretrained(members(which), method=method)
+    sources = default_models("real" if which == "real" else "arithmetic")
+    ensemble = Ensemble.from_pretrained(sources, method=method)
     started, cpu = time.perf_counter(), time.process_time()
     weights = ensemble.calibrate()
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu

@@ -15,21 +15,13 @@ import time
 import torch
 
 from core import Ensemble, HFMember
-
-
-def sources(which: str) -> list:
-    if which == "real":
-        from core.testbed.real_models import real_members
-
-        return real_members()
-    from core.testbed import model_paths
-
-    return [str(p) for p in model_paths()]
+from lab.bench.setups import default_models
 
 
 def main(which: str, method: str = "rerank") -> None:
     torch.set_num_threads(1)
-    members = [HFMember.load(s, device="cpu") for s in sources(which)]
+    sources = default_models("real" if which == "real" else "arithmetic")
+    members = [HFMember.load(source, device="cpu") for source in sources]
     for build in (1, 2):
         started = time.perf_counter()
         ensemble = Ensemble(members, method, self_preference="builtin")
