@@ -22,10 +22,10 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .member import Member
-from .trust import SelfPreference
+from .trust import SelfPreference, read_self_preference
 from .user_cache import cache_folder
 from .version import __version__
 
@@ -55,13 +55,13 @@ def stored(key: str | None, names: Sequence[str]) -> tuple[bool, SelfPreference 
     """(found, what was measured: None where the members always agreed)."""
     if key is None:
         return False, None
+
+    def fail(problem: str) -> NoReturn:
+        raise ValueError(problem)
+
     try:
         data = json.loads(_path(key).read_text(encoding="utf-8"))
-        given = data["self_preference"]
-        if given is None:
-            return True, None
-        margins = {name: float(given["margins"][name]) for name in names}
-        return True, SelfPreference(str(given["score"]), margins)
+        return True, read_self_preference(data["self_preference"], list(names), fail)
     except (OSError, ValueError, KeyError, TypeError):  # absent, or not what `store` writes
         return False, None
 

@@ -379,14 +379,15 @@ def _read_weights(path: Path, names: list[str]) -> tuple[torch.Tensor, SelfPrefe
     weights = torch.tensor(values, dtype=torch.float64)
     if abs(float(weights.sum()) - 1.0) > 1e-9:  # what save wrote is kept bit for bit
         weights = weights / weights.sum()
-    return weights, _read_self_preference(data.get("self_preference"), names, fail)
+    return weights, read_self_preference(data.get("self_preference"), names, fail)
 
 
-def _read_self_preference(
+def read_self_preference(
     given: object, names: list[str], fail: Callable[[str], NoReturn]
 ) -> SelfPreference | None:
-    """The optional "self_preference" of a weights file: {"score": "logprob" | "min",
-    "margins": {member name: nats above 0}}, one per member of this ensemble."""
+    """A self-preference as `SelfPreference.to_json` writes it (in a weights file, or kept by
+    `core.preference_store`): {"score": "logprob" | "min", "margins": {member name: nats above
+    0}}, one per member of this ensemble; None stays None. `fail` is called with the problem."""
     if given is None:
         return None
     example = '"self_preference": {"score": "logprob", "margins": {member name: nats, ...}}'
