@@ -97,7 +97,7 @@ class Ensemble:
             member.serve(threads)
         self.admission = Admission(limit, queue, self.options.queue_timeout, threads)
         self._built_preference = None
-        if self.options.self_preference == "builtin":
+        if self.self_preference_mode == "builtin":
             self._built_preference = self._measure_self_preference()
             self.trust.prefer(self._built_preference)
 
@@ -306,6 +306,12 @@ class Ensemble:
     def context_window(self) -> int:
         """The smallest window among the active members: a prompt and its answer must fit all."""
         return min(member.context_window for member in self.algorithm.active)
+
+    @property
+    def self_preference_mode(self) -> str:
+        """The `self_preference` option as this ensemble runs it ("auto" resolved by the method)."""
+        given = self.options.self_preference
+        return self.algorithm.default_self_preference if given == "auto" else given
 
     def _measure_self_preference(self):
         """Each voter's self-preference on the built-in calibration prompts

@@ -285,15 +285,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "self_preference",
         Choice({
+            "auto": "the method's own: 'builtin' for rerank's mean log-prob vote, else 'off'",
             "off": "each judge's scores as they are",
             "builtin": "measured on the built-in calibration prompts when the ensemble is built",
         }),
-        "off", TRUST, example="builtin",
+        "auto", TRUST, example="builtin",
         help="SpecEM's and rerank's votes: 'builtin' measures, when the ensemble is built, how "
         "far each member favours its own answers as a judge (calibrate()'s self-preference, on "
         "the built-in prompts; the weights stay as they are; kept on disk per set of member "
         "files, so a later build reads it), and each vote evens it out; 'off': each judge's "
-        "scores as they are",
+        "scores as they are; 'auto' (the default): 'builtin' for rerank with score='logprob' "
+        "(its default score), 'off' for every other method and score",
     ),
     Option(
         "learn_weights", Flag(), False, TRUST, example=True,

@@ -185,12 +185,16 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     recorder = Recorder()
     get_dispatcher().add_event_handler(recorder)
     configs = configurations(members, args.methods)
-    if args.self_preference != "off":  # SpecEM's and rerank's votes even out self-preference
-        builtin = " (self-preference, built-in prompts)"
+    if args.self_preference != "auto":  # SpecEM's and rerank's votes: self-preference as asked
+        named = {"builtin": " (self-preference, built-in prompts)", "off": " (self-preference off)"}
         configs = [
             (label, method, options)
             if method == "single"
-            else (label + builtin, method, {**options, "self_preference": args.self_preference})
+            else (
+                label + named[args.self_preference],
+                method,
+                {**options, "self_preference": args.self_preference},
+            )
             for label, method, options in configs
         ]
     ensembles = {label: Ensemble(members, method, **options) for label, method, options in configs}
@@ -275,7 +279,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         )
     chosen = f" --methods {','.join(args.methods)}" if args.methods else ""
     chosen += f" --calibrate {args.calibrate}" if args.calibrate else ""
-    chosen += f" --self-preference {args.self_preference}" if args.self_preference != "off" else ""
+    chosen += f" --self-preference {args.self_preference}" if args.self_preference != "auto" else ""
     command = (
         f"python examples/llamaindex_rag.py {'--real ' if args.real else ''}--eval {n} "
         f"--seed {args.seed} --threads {args.threads}{chosen} --out {args.out}"
@@ -329,10 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--self-preference",
-        default="off",
-        choices=["off", "builtin"],
+        default="auto",
+        choices=["auto", "off", "builtin"],
         help="--eval: every ensemble with this self_preference option (builtin: SpecEM and "
-        "rerank measure each member's self-preference on the built-in prompts when built)",
+        "rerank measure each member's self-preference on the built-in prompts when built; "
+        "auto: each method's default)",
     )
     parser.add_argument(
         "--out",

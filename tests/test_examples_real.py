@@ -145,7 +145,7 @@ def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
 def rag_eval_args(**given) -> argparse.Namespace:
     """The retrieval example's `--real --eval` arguments: one problem of seed 2 by default."""
     defaults = dict(real=True, eval=1, seed=2, device="cpu", threads=0, out="x", methods=None)
-    return argparse.Namespace(**{**defaults, "calibrate": 0, "self_preference": "off", **given})
+    return argparse.Namespace(**{**defaults, "calibrate": 0, "self_preference": "auto", **given})
 
 
 @needs_trained

@@ -79,7 +79,7 @@ def test_bad_options_fail_at_the_call(make_ensemble):
 
 def test_score_min_counts_an_answer_as_its_least_likely_token(tiny_members):
     """Two members differ on the number and one also says more after it: the mean over the
-    tokens (the default) lets the sure words after "13" outvote its doubt; score="min" weighs
+    tokens (as published) lets the sure words after "13" outvote its doubt; score="min" weighs
     each answer by its least likely token, so the number both members find likelier wins. The
     words both answers start with ("The answer is") are not scored."""
     from scripted import Scripted
@@ -95,7 +95,8 @@ def test_score_min_counts_an_answer_as_its_least_likely_token(tiny_members):
     chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
     assert chosen.scores["first"]["first"] == pytest.approx(0.6, abs=1e-3)
     assert chosen.scores["second"]["first"] == pytest.approx(0.45, abs=1e-3)
-    assert Ensemble([first, second], "rerank").generate(prompt, max_new_tokens=32).text == long
+    published = Ensemble([first, second], "rerank", self_preference="off")  # judges as they are
+    assert published.generate(prompt, max_new_tokens=32).text == long
 
 
 def test_score_pmi_counts_what_the_request_makes_likely(tiny_members):
@@ -110,7 +111,8 @@ def test_score_pmi_counts_what_the_request_makes_likely(tiny_members):
     twelve, thirteen = "The answer is 12.", "The answer is 13."
     fluent, reader = fluent_and_reader(tiny_members[0])
     prompt = [{"role": "user", "content": "How many apples?"}]
-    assert Ensemble([fluent, reader], "rerank").generate(prompt, max_new_tokens=32).text == twelve
+    published = Ensemble([fluent, reader], "rerank", self_preference="off")  # judges as they are
+    assert published.generate(prompt, max_new_tokens=32).text == twelve
     out = Ensemble([fluent, reader], "rerank", score="pmi").generate(prompt, max_new_tokens=32)
     assert out.text == thirteen
     chosen = next(e for e in out.events if isinstance(e, SegmentSelected))

@@ -32,7 +32,7 @@ def pair(tiny_members):
 
 @pytest.mark.parametrize("method", ["rerank", "specem"])
 def test_calibrated_self_preference_moves_the_vote_to_the_modest_member(pair, method):
-    ens = Ensemble(pair, method)
+    ens = Ensemble(pair, method, self_preference="off")
     assert ens.generate(QUESTION, max_new_tokens=16).text == SURE
     weights = ens.calibrate(CALIBRATION, max_new_tokens=16)
     preference = ens.summary()["self_preference"]
@@ -49,7 +49,8 @@ def test_calibrated_self_preference_moves_the_vote_to_the_modest_member(pair, me
 
 @pytest.mark.parametrize("method", ["rerank", "specem"])
 def test_a_builtin_self_preference_is_measured_when_the_ensemble_is_built(pair, method):
-    assert Ensemble(pair, method).generate(QUESTION, max_new_tokens=16).text == SURE  # "off"
+    off = Ensemble(pair, method, self_preference="off")
+    assert off.generate(QUESTION, max_new_tokens=16).text == SURE
     ens = Ensemble(pair, method, self_preference="builtin")
     preference = ens.summary()["self_preference"]
     assert preference["margins"]["sure"] > preference["margins"]["modest"] > 0
@@ -60,10 +61,22 @@ def test_a_builtin_self_preference_is_measured_when_the_ensemble_is_built(pair, 
     assert ens.generate(QUESTION, max_new_tokens=16).text == MODEST
 
 
+def test_rerank_evens_out_self_preference_by_default_and_specem_does_not(pair):
+    builtin = Ensemble(pair, "rerank", self_preference="builtin").summary()["self_preference"]
+    rerank = Ensemble(pair, "rerank")  # self_preference="auto": rerank's own default
+    assert rerank.summary()["self_preference"] == builtin
+    assert rerank.generate(QUESTION, max_new_tokens=16).text == MODEST
+    specem = Ensemble(pair, "specem")
+    assert specem.summary()["self_preference"] is None
+    assert specem.generate(QUESTION, max_new_tokens=16).text == SURE
+    by_least_likely = Ensemble(pair, "rerank", score="min")  # measured for "logprob" only
+    assert by_least_likely.summary()["self_preference"] is None
+
+
 def test_a_builtin_self_preference_is_not_measured_where_nothing_votes(pair):
     ens = Ensemble(pair, "safe", self_preference="builtin")
     assert ens.summary()["self_preference"] is None
-    with pytest.raises(InvalidConfigError, match="'off'.*'builtin'"):
+    with pytest.raises(InvalidConfigError, match="'auto'.*'off'.*'builtin'"):
         Ensemble(pair, "rerank", self_preference="always")
 
 

@@ -154,6 +154,12 @@ class Method(ABC):
         for a method that does not vote over its members' own candidates."""
         return None
 
+    @property
+    def default_self_preference(self) -> str:
+        """What `self_preference="auto"` means for this method: "builtin" where evening out the
+        judges' self-preference never cost the method on the measured tables, else "off"."""
+        return "off"
+
     def trusting(self, weights: dict[str, float]) -> Method:
         """This method for a request that starts with the ensemble's member `weights`. Roles
         that follow trust are set here, before any prompt is rendered; SAFE's drafter is one.

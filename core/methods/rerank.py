@@ -182,6 +182,13 @@ class Rerank(Method):
     def vote_score(self) -> str | None:
         return self.scoring if self.scoring in SOFTMAXED else None
 
+    @property
+    def default_self_preference(self) -> str:
+        # with two members each judge prefers its own answer, and the surer one decides every
+        # vote; evened out on the built-in prompts, rerank's mean log-prob vote never lost more
+        # than a point on a measured table and gained up to 22 (the other scores: not measured)
+        return "builtin" if self.scoring == "logprob" else "off"
+
     def summary(self) -> dict:
         return {**super().summary(), "score": self.scoring}
 
