@@ -29,14 +29,18 @@ headroom() {  # the default against the ceiling: every member alone, every metho
     --config "bpe + spm + word: rerank=$min,members=0+1+2" \
     --config "bpe + spm + word + early: rerank=$min,members=0+1+2+3" \
     --out "$OUT/headroom-rerank-min"
-  # SpecEM and rerank with self_preference="builtin" on the three and with the weak member
-  # (the rows marked ⁴)
+  # SpecEM with self_preference="builtin" (rerank's default) on the three and with the weak
+  # member (the rows marked ⁴), and rerank without it on every set
   local own=self_preference=builtin label="(self-preference, built-in prompts)"
+  local off=rerank:self_preference=off
   $BENCH --headroom --n 200 --seed 1 --threads 1 --max-new-tokens 128 --methods single \
     --config "bpe + spm + word: specem $label=specem:members=0+1+2,$own" \
-    --config "bpe + spm + word: rerank $label=rerank:members=0+1+2,$own" \
     --config "bpe + spm + word + early: specem $label=specem:members=0+1+2+3,$own" \
-    --config "bpe + spm + word + early: rerank $label=rerank:members=0+1+2+3,$own" \
+    --config "bpe + spm: rerank (self_preference off)=$off,members=0+1" \
+    --config "bpe + word: rerank (self_preference off)=$off,members=0+2" \
+    --config "spm + word: rerank (self_preference off)=$off,members=1+2" \
+    --config "bpe + spm + word: rerank (self_preference off)=$off,members=0+1+2" \
+    --config "bpe + spm + word + early: rerank (self_preference off)=$off,members=0+1+2+3" \
     --out "$OUT/headroom-builtin"
 }
 
@@ -194,9 +198,11 @@ grammar() {  # time per output token with a grammar that allows any text, agains
 rag() {  # retrieval through LlamaIndex's query engine: every member alone and every method at its
   # defaults on 400 problems (rows 5 points apart differ by more than their noise)
   $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --out "$OUT/rag"
-  # SpecEM and rerank built with self_preference="builtin"
-  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --methods single,specem,rerank \
+  # SpecEM built with self_preference="builtin" (rerank's default), and rerank without it
+  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --methods single,specem \
     --self-preference builtin --out "$OUT/rag-builtin"
+  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --methods single,rerank \
+    --self-preference off --out "$OUT/rag-rerank-off"
 }
 
 tool() {  # tool use: each single model and method, with the grammar and with the prompt only
@@ -206,10 +212,10 @@ tool() {  # tool use: each single model and method, with the grammar and with th
   # rerank counting each answer as its least likely token
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 --methods single \
     --config "rerank=rerank:score=min" --out "$OUT/tool-rerank-min"
-  # SpecEM and rerank built with self_preference="builtin"
+  # SpecEM built with self_preference="builtin" (rerank's default), and rerank without it
   $BENCH --form tool --n 200 --threads 1 --max-new-tokens 160 --methods single \
     --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
-    --config "rerank (self-preference, built-in prompts)=rerank:self_preference=builtin" \
+    --config "rerank (self_preference off)=rerank:self_preference=off" \
     --out "$OUT/tool-builtin"
 }
 
@@ -267,11 +273,12 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods single --config "smollm2 + gemma: rerank=rerank:score=min" \
       --out "$OUT/real-headroom-$form-rerank"
-    # SpecEM and rerank with self_preference="builtin" (the rows marked ⁴)
+    # SpecEM with self_preference="builtin" (rerank's default; the rows marked ⁴), and rerank
+    # without it
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods single \
       --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
-      --config "rerank (self-preference, built-in prompts)=rerank:self_preference=builtin" \
+      --config "rerank (self_preference off)=rerank:self_preference=off" \
       --out "$OUT/real-headroom-$form-builtin"
   done
   for form in qa rag; do  # each method at its defaults with both members in bfloat16
@@ -291,9 +298,11 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # the same, SpecEM and rerank calibrated first (weights and self-preference) on 12 of seed 2
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
     --methods single,specem,rerank --calibrate 12 --out "$OUT/real-rag-calibrated"
-  # the same, SpecEM and rerank built with self_preference="builtin"
+  # the same, SpecEM built with self_preference="builtin" (rerank's default), rerank without it
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
-    --methods single,specem,rerank --self-preference builtin --out "$OUT/real-rag-builtin"
+    --methods single,specem --self-preference builtin --out "$OUT/real-rag-builtin"
+  $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
+    --methods single,rerank --self-preference off --out "$OUT/real-rag-rerank-off"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
