@@ -185,8 +185,8 @@ class Rerank(Method):
     @property
     def default_self_preference(self) -> str:
         # with two members each judge prefers its own answer, and the surer one decides every
-        # vote; evened out on the built-in prompts, rerank's mean log-prob vote never lost more
-        # than a point on a measured table and gained up to 22 (the other scores: not measured)
+        # vote; evened out on the built-in prompts, rerank's mean log-prob vote lost at most a
+        # point on the accuracy tables and gained up to 22 (the other scores: not measured)
         return "builtin" if self.scoring == "logprob" else "off"
 
     def summary(self) -> dict:
