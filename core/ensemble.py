@@ -21,6 +21,7 @@ a fresh view.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -50,6 +51,8 @@ from .splitter import ResponseSplitter
 from .tool_calls import InvalidToolCall, ToolCall
 from .trust import MemberTrust, TrustView
 from .validate import check_bool
+
+log = logging.getLogger("llm_ensembling")
 
 Messages = str | Sequence[dict[str, Any]]
 OnEvent = Callable[[Event], None] | None
@@ -325,6 +328,14 @@ class Ensemble:
         found, preference = stored(key, [m.name for m in self.members])
         if found:
             return preference
+        log.info(
+            "measuring each member's self-preference as a judge on %d built-in prompts "
+            "(self_preference='builtin'; %s)",
+            len(prompts),
+            "kept for later builds over the same member files"
+            if key
+            else "measured at every build: a member was not loaded from files",
+        )
         try:
             measured = judge(self.members, prompts, CALIBRATION_TOKENS, score, self.admission)
         except MemberError as error:

@@ -147,3 +147,16 @@ def test_members_loaded_by_hub_id_are_kept_by_their_snapshot(
     publish(NAMES[1], "b" * 40)  # a new revision of the second member
     newer = [HFMember.load(i, device="cpu", name=n) for i, n in zip(ids, NAMES, strict=True)]
     assert built(newer)[1] > 0
+
+
+def test_rerank_measures_by_default_and_says_so_once_per_member_set(cache, dirs, caplog):
+    members = load(dirs)
+    with caplog.at_level("INFO", logger="llm_ensembling"):
+        with counted(members) as calls:
+            measured = Ensemble(members, "rerank").summary()["self_preference"]
+        said = [r.getMessage() for r in caplog.records if r.name == "llm_ensembling"]
+        assert calls[0] > 0 and set(measured["margins"]) == set(NAMES)
+        assert len(said) == 1 and "kept for later builds" in said[0]
+        caplog.clear()
+        assert Ensemble(load(dirs), "rerank").summary()["self_preference"] == measured
+        assert not [r for r in caplog.records if r.name == "llm_ensembling"]  # read, not measured

@@ -171,9 +171,12 @@ def run(settings: ServeSettings) -> int:
 
 
 def _log_like_uvicorn(level: str) -> None:
-    if not log.handlers:
+    """The server's lines and the engine's (a self-preference measured while the models load)
+    go to stderr as uvicorn's do."""
+    library = logging.getLogger("llm_ensembling")
+    if not library.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    log.setLevel(level.upper())
+        library.addHandler(handler)
+        library.propagate = False
+    library.setLevel(level.upper())
