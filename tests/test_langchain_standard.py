@@ -89,11 +89,10 @@ EXPECTED_FAILURES = {  # method -> the tests its answers fail, as measured
         *_STRUCTURED,
     },
     "specem": {"test_tool_choice", "test_unicode_tool_call_integration", *_STRUCTURED},
-    "rerank": {
-        "test_tool_choice",
+    "rerank": {  # a member that ends the string wins over those the token limit cut
         "test_agent_loop",
         "test_unicode_tool_call_integration",
-        *_STRUCTURED,
+        *(_STRUCTURED - {"test_json_mode"}),
     },
 }
 

@@ -133,3 +133,34 @@ def test_score_pmi_on_a_raw_prompt_needs_a_token_to_start_from(tiny_members, mak
     out = make_ensemble("rerank", score="pmi").generate(problem.messages, CONFIG)
     chosen = next(e for e in out.events if isinstance(e, SegmentSelected))
     assert out.text == chosen.text and chosen.scores
+
+
+def test_finished_first_votes_only_among_the_answers_that_ended(tiny_members):
+    """ "looper" repeats a line past the token limit and finds it likely; "finisher" answers in
+    a few tokens. Spread over a long answer, the loop's one unlikely first token costs little,
+    so both judges' mean log-probs prefer it; `finished_first` sets the cut answer aside while
+    another ended, and votes as usual when every answer was cut."""
+    from scripted import Scripted
+
+    from core import Ensemble
+
+    loop, done = "Answer: 33\n" * 12, "33 / 3 = 11."
+    looper = Scripted(tiny_members[0], [(loop, 0.9), (done, 0.1)], "looper")
+    finisher = Scripted(tiny_members[0], [(done, 0.55), (loop, 0.45)], "finisher")
+    prompt = [{"role": "user", "content": "What is 33 / 3?"}]
+
+    def answer(max_new_tokens, **options):
+        ens = Ensemble([looper, finisher], "rerank", self_preference="off", **options)
+        return ens.generate(prompt, max_new_tokens=max_new_tokens)
+
+    plain = answer(16, finished_first=False)
+    assert plain.text.startswith("Answer: 33\nAnswer: 33") and plain.finish_reason == "length"
+    finished = answer(16)  # the default
+    assert finished.text == done and finished.finish_reason == "stop"
+    assert finished.stats.counts["cut answers set aside"] == 1
+    assert finished.stats.ensembled_tokens == finished.stats.tokens  # the ensemble chose it
+    both_cut = answer(3)  # neither ended: the vote is over both
+    assert both_cut.text == answer(3, finished_first=False).text
+    assert "cut answers set aside" not in both_cut.stats.counts
+    with pytest.raises(InvalidConfigError, match="finished_first must be True or False"):
+        answer(3, finished_first="yes")
