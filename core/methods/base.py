@@ -157,7 +157,7 @@ class Method(ABC):
     @property
     def default_self_preference(self) -> str:
         """What `self_preference="auto"` means for this method: "builtin" where evening out the
-        judges' self-preference never cost the method on the measured tables, else "off"."""
+        judges' self-preference measured better than their scores as they are, else "off"."""
         return "off"
 
     def trusting(self, weights: dict[str, float]) -> Method:
