@@ -278,7 +278,8 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
     $BENCH --headroom --task real --form "$form" --n "$n" --seed 1 --threads 1 \
       --max-new-tokens 48 --methods single \
       --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
-      --config "rerank (self_preference off)=rerank:self_preference=off" \
+      --config "rerank (self_preference off)=rerank:self_preference=off,finished_first=false" \
+      --config "rerank (finished_first off)=rerank:finished_first=false" \
       --out "$OUT/real-headroom-$form-builtin"
   done
   for form in qa rag; do  # each method at its defaults with both members in bfloat16
