@@ -22,6 +22,9 @@ from core.trust import MAX_ETA, MIN_WEIGHT, hedge
 TEXT = "Sara starts with 6 buttons. 6 - 1 = 5. The answer is 5."
 PROMPT = [{"role": "user", "content": "Sara has 6 buttons. She donates 1. How many?"}]
 METHODS = ["token", "safe", "specem", "rerank"]
+# "wrong" never ends its turn: rerank's default would set its cut answer aside instead of
+# voting, and these tests are about what the votes teach
+VOTING = {"rerank": {"finished_first": False}}
 
 
 def _updates(out) -> list[TrustUpdated]:
@@ -63,7 +66,7 @@ def _write(tmp_path, data, name="weights.json"):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_weights_move_toward_the_members_that_back_the_committed_text(quartet, method):
-    ens = Ensemble(quartet, method, learn_weights=True, weight_floor=0.0)
+    ens = Ensemble(quartet, method, learn_weights=True, weight_floor=0.0, **VOTING.get(method, {}))
     assert ens.member_weights == {"right": 0.25, "twin": 0.25, "third": 0.25, "wrong": 0.25}
     previous, total = 0.25, 0
     for _ in range(3):
@@ -84,7 +87,7 @@ def test_weights_move_toward_the_members_that_back_the_committed_text(quartet, m
 
 @pytest.mark.parametrize("method", METHODS)
 def test_frozen_weights_do_not_move_and_each_request_stands_alone(trio, method):
-    ens = Ensemble(trio, method, learn_weights=False)
+    ens = Ensemble(trio, method, learn_weights=False, **VOTING.get(method, {}))
     first = ens.generate(PROMPT, max_new_tokens=64)
     second = ens.generate(PROMPT, max_new_tokens=64)
     assert not _updates(first) and ens.member_weights == {n: 1 / 3 for n in ens.member_weights}
@@ -92,7 +95,7 @@ def test_frozen_weights_do_not_move_and_each_request_stands_alone(trio, method):
         second.text,
         [e.to_dict() for e in second.events],
     )
-    learning = Ensemble(trio, method, learn_weights=True)
+    learning = Ensemble(trio, method, learn_weights=True, **VOTING.get(method, {}))
     learning.generate(PROMPT, max_new_tokens=64)
     moved = learning.member_weights
     learning.learn_weights = False  # freezing a learning ensemble keeps what it learned
