@@ -40,7 +40,8 @@ rerank's time per output token by log-probs (5.1-5.5x the drafter against 2.1-2.
 the token limit, only the ended ones are voted on (all of them where none ended). A cut answer
 is unfinished: a member caught in a loop ("Answer: 33\nAnswer: 33\n...") writes text every
 judge finds easy to predict, so its mean log-prob outscores a finished answer, and it never
-pays the log-prob of ending the turn that a finished answer pays. Chosen on problems of seed 2
+pays the log-prob of ending the turn that a finished answer pays (an answer set aside is not
+voted on, so it teaches the member trust nothing). Chosen on problems of seed 2
 (`lab/results/tuning-rerank-finished/`): the real pair's short questions 30.0 -> 35.0 %, the
 shipped three's chain-of-thought and tool answers unchanged.
 
