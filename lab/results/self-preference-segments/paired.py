@@ -1,12 +1,14 @@
 """Paired comparison of two rows of two headroom or accuracy runs on the same problems: each
-row's accuracy, the difference with its standard error, and the problems won and lost.
+row's accuracy, the difference with its standard error, and the problems won and lost (the
+headroom table's own `lab.bench.headroom.paired`).
 
     python lab/results/self-preference-segments/paired.py A.json 'row label' B.json 'row label'
 """
 
 import json
-import math
 import sys
+
+from lab.bench.headroom import paired
 
 
 def answers(path: str, label: str) -> list[bool]:
@@ -18,14 +20,11 @@ def main(path_a: str, label_a: str, path_b: str, label_b: str) -> None:
     a, b = answers(path_a, label_a), answers(path_b, label_b)
     if len(a) != len(b):
         raise SystemExit(f"{len(a)} problems against {len(b)}: not the same problems")
-    n = len(a)
-    diffs = [int(y) - int(x) for x, y in zip(a, b, strict=True)]
-    mean = sum(diffs) / n
-    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
-    won, lost = diffs.count(1), diffs.count(-1)
+    n, vs = len(a), paired(b, a)
     print(
         f"{label_a}: {100 * sum(a) / n:.1f} %  ->  {label_b}: {100 * sum(b) / n:.1f} %  "
-        f"({100 * mean:+.1f} ± {100 * spread:.1f}, won {won}, lost {lost}, {n} problems)"
+        f"({100 * vs['difference']:+.1f} ± {100 * vs['standard_error']:.1f}, won {vs['won']}, "
+        f"lost {vs['lost']}, {n} problems)"
     )
 
 
