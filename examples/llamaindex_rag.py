@@ -13,6 +13,7 @@ top 2 passages), which is the testbed's `rag` form (and the real task's), to `En
     python examples/llamaindex_rag.py --eval 50 --seed 1 --threads 1 --out lab/results/rag
     python examples/llamaindex_rag.py --real --eval 300 --seed 1 --threads 1
     python examples/llamaindex_rag.py --real --eval 200 --methods single,rerank --calibrate 12
+    python examples/llamaindex_rag.py --real --eval 200 --order reorder   # best passage last
 
 The eval: each member alone and every method at its defaults answer the same problems through
 the query engine (configurations interleaved problem by problem); the table shows the
@@ -48,6 +49,7 @@ from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler  # noqa: E402
 from llama_index.core.instrumentation.events import BaseEvent  # noqa: E402
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent  # noqa: E402
+from llama_index.core.postprocessor import LongContextReorder  # noqa: E402
 
 from core import Ensemble, HFMember  # noqa: E402
 from core.methods import METHOD_NAMES, method_class  # noqa: E402
@@ -75,9 +77,25 @@ def build_index(passages, embed_model) -> VectorStoreIndex:
     )
 
 
-def ask(llm: EnsembleLLM, index: VectorStoreIndex, question: str, streaming: bool = False):
-    """Query through LlamaIndex's default query engine; (answer, retrieved passages)."""
-    engine = index.as_query_engine(llm=llm, similarity_top_k=TOP_K, streaming=streaming)
+ORDERS = ("retriever", "reorder")
+
+
+def ask(
+    llm: EnsembleLLM,
+    index: VectorStoreIndex,
+    question: str,
+    streaming: bool = False,
+    order: str = "retriever",
+):
+    """Query through LlamaIndex's default query engine; (answer, retrieved passages).
+
+    order="reorder" adds LlamaIndex's `LongContextReorder`, which puts the best passages at the
+    ends of the context; with the top 2, the best one last, next to the question, where small
+    models read best (they tend to answer from the passage nearest the question)."""
+    postprocessors = [LongContextReorder()] if order == "reorder" else []
+    engine = index.as_query_engine(
+        llm=llm, similarity_top_k=TOP_K, streaming=streaming, node_postprocessors=postprocessors
+    )
     response = engine.query(question)
     if streaming:
         text = ""
@@ -121,7 +139,7 @@ def demo(args: argparse.Namespace) -> None:
     )
     print("passages:", *problem.passages, sep="\n  ")
     print(f"query: {problem.question}\n{llm.metadata.model_name}, streaming:")
-    text, retrieved = ask(llm, index, problem.question, streaming=True)
+    text, retrieved = ask(llm, index, problem.question, streaming=True, order=args.order)
     print("retrieved:", retrieved)
     cut = bool(recorder.ends) and recorder.ends[-1].get("finish_reason") == "length"
     verdict = "right" if bed.right(text, problem, cut) else "wrong"
@@ -213,20 +231,23 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     }
     labels = list(llms)
     right = {label: [] for label in labels}
+    texts = {label: [] for label in labels}  # (answer, finish reason), to read where rows differ
     tokens = dict.fromkeys(labels, 0)
     rates = {label: [] for label in labels}
     seconds = dict.fromkeys(labels, 0.0)
-    found = 0
+    found = last = 0
     for i, (problem, index) in enumerate(zip(problems, indexes, strict=True)):
         for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
             started = time.perf_counter()
-            text, retrieved = ask(llms[label], index, problem.question)
+            text, retrieved = ask(llms[label], index, problem.question, order=args.order)
             seconds[label] += time.perf_counter() - started
             raw = recorder.ends[-1]
             right[label].append(bed.right(text, problem, raw.get("finish_reason") == "length"))
+            texts[label].append([text, raw.get("finish_reason")])
             tokens[label] += raw["usage"]["completion_tokens"]
             rates[label].append(raw["stats"]["ensemble_rate"])
         found += problem.relevant_passage in retrieved
+        last += retrieved[-1:] == [problem.relevant_passage]  # nearest the question
         done = ", ".join(f"{label} {sum(r)}" for label, r in right.items())
         print(f"{i + 1}/{len(problems)}: {done}", file=sys.stderr)
     n = len(problems)
@@ -251,12 +272,17 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         f"{args.seed}: testbed({args.real}).problems({n}, {args.seed}, 'rag')), LlamaIndex "
         f"VectorStoreIndex + default query engine (top {TOP_K}, all-MiniLM-L6-v2 embeddings "
         f"over each problem's {len(problems[0].passages)} passages; relevant passage retrieved "
-        f"{found}/{n}), members {', '.join(m.name for m in members)}, greedy, max_new_tokens="
-        f"{max_new_tokens}, device={args.device}, torch threads="
+        f"{found}/{n}, last of the passages {last}/{n}), members "
+        f"{', '.join(m.name for m in members)}, greedy, max_new_tokens={max_new_tokens}, "
+        f"device={args.device}, torch threads="
         f"{torch.get_num_threads()}; one run, configurations interleaved problem by problem. "
         f"At least one member right (the ceiling): {ceiling}/{n} ({ceiling / n:.0%}). "
         "vs best single: the paired difference on the same problems ± its standard error "
         "(problems won, lost); gap closed: (accuracy - best single) / (ceiling - best single).",
+        "",
+        "Passages in the retriever's order (the best first)."
+        if args.order == "retriever"
+        else "Passages reordered by LongContextReorder (with the top 2: the best last).",
         "",
         "| configuration | accuracy | correct | gap closed | vs best single (paired) | output "
         "tokens | E/T | seconds | s/problem |",
@@ -280,6 +306,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     chosen = f" --methods {','.join(args.methods)}" if args.methods else ""
     chosen += f" --calibrate {args.calibrate}" if args.calibrate else ""
     chosen += f" --self-preference {args.self_preference}" if args.self_preference != "auto" else ""
+    chosen += f" --order {args.order}" if args.order != "retriever" else ""
     command = (
         f"python examples/llamaindex_rag.py {'--real ' if args.real else ''}--eval {n} "
         f"--seed {args.seed} --threads {args.threads}{chosen} --out {args.out}"
@@ -289,6 +316,8 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         "problems": n,
         "seed": args.seed,
         "retrieved": found,
+        "order": args.order,
+        "relevant_last": last,
         "members": [m.name for m in members],
         "max_new_tokens": max_new_tokens,
         "ceiling": ceiling,
@@ -300,6 +329,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             if (preference := e.summary()["self_preference"])
         },
         "per_problem": right,
+        "texts": texts,
     }
     return result, "\n".join(lines) + "\n"
 
@@ -338,6 +368,13 @@ def main(argv: list[str] | None = None) -> None:
         help="--eval: every ensemble with this self_preference option (builtin: SpecEM and "
         "rerank measure each member's self-preference on the built-in prompts when built; "
         "auto: each method's default)",
+    )
+    parser.add_argument(
+        "--order",
+        default="retriever",
+        choices=ORDERS,
+        help="the passages' order in the prompt: the retriever's (best first, LlamaIndex's "
+        "default) or reorder (LongContextReorder: with the top 2, the best one last)",
     )
     parser.add_argument(
         "--out",
