@@ -145,7 +145,8 @@ def test_the_demo_runs_on_the_real_task(tiny_as_real, capsys):
 def rag_eval_args(**given) -> argparse.Namespace:
     """The retrieval example's `--real --eval` arguments: one problem of seed 2 by default."""
     defaults = dict(real=True, eval=1, seed=2, device="cpu", threads=0, out="x", methods=None)
-    return argparse.Namespace(**{**defaults, "calibrate": 0, "self_preference": "auto", **given})
+    fixed = {"calibrate": 0, "self_preference": "auto", "order": "retriever"}
+    return argparse.Namespace(**{**defaults, **fixed, **given})
 
 
 @needs_trained
@@ -164,6 +165,16 @@ def test_the_retrieval_example_evaluates_the_real_rag_form(tiny_as_real, tmp_pat
         if row["label"] not in singles:
             assert row["vs_best"] == paired(right, result["per_problem"][result["best_single"]])
     assert "real testbed" in table and f"{len(problems[0].passages)} passages" in table
+    assert result["order"] == "retriever" and "retriever's order" in table
+
+
+@needs_trained
+def test_the_retrieval_example_can_put_the_best_passage_next_to_the_question(tiny_as_real):
+    example = load_example("llamaindex_rag")
+    result, table = example.evaluate(rag_eval_args(eval=2, methods=["single"], order="reorder"))
+    assert result["order"] == "reorder" and "--order reorder" in result["command"]
+    assert result["relevant_last"] == result["retrieved"] == 2  # the retriever's best, last
+    assert "LongContextReorder" in table
 
 
 @needs_trained

@@ -96,6 +96,21 @@ def test_every_method_answers_through_the_query_engine(
         assert events  # the ensemble's decisions are observable
 
 
+def test_reorder_puts_the_best_passage_next_to_the_question(
+    rag_example, embed_model, make_ensemble, recorder
+):
+    problem = RAG[2]
+    index = rag_example.build_index(problem.passages, embed_model)
+    llm = EnsembleLLM(ensemble=make_ensemble("single"), max_new_tokens=8)
+    _, first = rag_example.ask(llm, index, problem.question)
+    _, reordered = rag_example.ask(llm, index, problem.question, order="reorder")
+    assert first[0] == problem.relevant_passage  # the retriever puts its best first
+    assert reordered == first[::-1]  # top 2: LongContextReorder puts the best last
+    last = recorder.of(LLMChatStartEvent)[-1].messages[-1].content
+    context = last.split("---------------------\n")[1]
+    assert context.rstrip().endswith(problem.relevant_passage)
+
+
 def _core_type(name: str):
     return next(t for t in EVENT_CLASSES if t.name == name)
 
