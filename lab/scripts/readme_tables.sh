@@ -203,6 +203,9 @@ rag() {  # retrieval through LlamaIndex's query engine: every member alone and e
     --self-preference builtin --out "$OUT/rag-builtin"
   $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --methods single,rerank \
     --self-preference off --out "$OUT/rag-rerank-off"
+  # the same problems with LlamaIndex's LongContextReorder (the best passage next to the question)
+  $PY examples/llamaindex_rag.py --eval 400 --seed 1 --threads 1 --order reorder \
+    --out "$OUT/rag-reorder"
 }
 
 tool() {  # tool use: each single model and method, with the grammar and with the prompt only
@@ -304,6 +307,9 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
     --methods single,specem --self-preference builtin --out "$OUT/real-rag-builtin"
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
     --methods single,rerank --self-preference off --out "$OUT/real-rag-rerank-off"
+  # the same problems with LlamaIndex's LongContextReorder (the best passage next to the question)
+  $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
+    --methods single,safe,specem,rerank --order reorder --out "$OUT/real-rag-reorder"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
