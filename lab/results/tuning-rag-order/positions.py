@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from core.testbed import testbed
 
@@ -22,7 +23,7 @@ def relevant_first(problem) -> bool:
 
 
 def main(path: str) -> None:
-    result = json.load(open(path))
+    result = json.loads(Path(path).read_text())
     problems = testbed(True).problems(result["problems"], result["seed"], "rag")
     first = [relevant_first(p) for p in problems]
     print(f"{path}: seed {result['seed']}, relevant passage first in {sum(first)} of {len(first)}")
