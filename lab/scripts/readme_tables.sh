@@ -261,7 +261,7 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # alone, every method at its defaults and best options, SAFE with next-token decisions and as
   # published; also SAFE, SpecEM and rerank after Ensemble.calibrate on the prompts of 12
   # problems of the form of seed 2: weights and, for SpecEM and rerank, self-preference), then
-  # tool use.
+  # tool use, retrieval through LlamaIndex and LangChain's standard suite.
   # Problems per form: 60 qa, 60 rag, 40 tool, 200 through LlamaIndex (REAL_QA_N, REAL_RAG_N,
   # REAL_TOOL_N, REAL_LLAMAINDEX_N choose others). Not part of `all`: it needs the real extra.
   local form n calibrate
@@ -310,6 +310,13 @@ real() {  # the real pair (SmolLM2-135M-Instruct drafting, Gemma-3-270M base; th
   # the same problems with LlamaIndex's LongContextReorder (the best passage next to the question)
   $PY examples/llamaindex_rag.py --real --eval "${REAL_LLAMAINDEX_N:-200}" --seed 1 --threads 1 \
     --methods single,safe,specem,rerank --order reorder --out "$OUT/real-rag-reorder"
+  # LangChain's standard integration suite, unmarked: each member alone and every method
+  $PY -m lab.bench.langchain_suite --real --max-tokens 64 \
+    --config "smollm2 alone=single:member=0" --config "gemma alone=single:member=1" \
+    --config "safe, the default=safe" --config "specem=specem" --config "rerank=rerank" \
+    --out "$OUT/langchain-suite-real"
+  $PY -m lab.bench.langchain_suite --real --max-tokens 64 \
+    --config "safe, gemma drafting=safe:drafter=1" --out "$OUT/langchain-suite-real/safe-gemma-drafting"
   # every method served over HTTP against the same requests in process, and concurrent
   # requests against one at a time and the bare models' batching, on the real pair
   $BENCH --serve 1,8,32 --task real --n 32 --threads 1 --max-new-tokens 24 \
