@@ -220,6 +220,12 @@ tool() {  # tool use: each single model and method, with the grammar and with th
     --config "specem (self-preference, built-in prompts)=specem:self_preference=builtin" \
     --config "rerank (self_preference off)=rerank:self_preference=off" \
     --out "$OUT/tool-builtin"
+  # LangChain's standard integration suite, unmarked: each member alone and every method
+  $PY -m lab.bench.langchain_suite --model "$MODELS/tb-gpt2-bpe" --model "$MODELS/tb-qwen2-spm" \
+    --model "$MODELS/tb-llama-word" --max-tokens 64 --config "bpe alone=single:member=0" \
+    --config "spm alone=single:member=1" --config "word alone=single:member=2" \
+    --config "safe, the default=safe" --config "token=token" --config "specem=specem" \
+    --config "rerank=rerank" --out "$OUT/langchain-suite-shipped"
 }
 
 speed() {  # time per output token against the drafter alone, side by side in one run, and where
