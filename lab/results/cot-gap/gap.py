@@ -18,17 +18,13 @@ list of [text, right] pairs in problem order (`../tuning-word-pooling/texts.py`)
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
 
+from core.testbed import extract_answer
+
 MEMBERS = ("single tb-gpt2-bpe", "single tb-qwen2-spm", "single tb-llama-word")
-
-
-def final_number(text: str) -> str | None:
-    found = re.findall(r"The answer is (-?\d+)", text)
-    return found[-1] if found else None
 
 
 def rows(path: str, label: str | None) -> list[tuple[str, bool]]:
@@ -47,7 +43,7 @@ def split(members: list[list[tuple[str, bool]]], ensemble: list[tuple[str, bool]
     held, right = Counter(), Counter()
     for i, (_, ok) in enumerate(ensemble):
         alone = [m[i][1] for m in members]
-        wrong = [final_number(m[i][0]) for m in members if not m[i][1]]
+        wrong = [extract_answer(m[i][0]) for m in members if not m[i][1]]
         if alone[0]:
             kind = "drafter: alone right" if sum(alone) == 1 else "drafter: right with others"
         elif not any(alone):
