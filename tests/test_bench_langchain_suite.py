@@ -32,3 +32,30 @@ def test_the_suite_records_every_outcome_and_why_a_test_failed(tmp_path):
     table = (out / "results.md").read_text()
     assert "| spm alone |" in table and "| test_structured_output[pydantic] | failed:" in table
     assert "test_invoke" not in table.split("Tests not passed")[1]  # passed everywhere
+
+
+def test_outcomes_read_failures_errors_and_skips_from_junit_xml(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="c" name="test_invoke"/>'
+        '<testcase classname="c" name="test_json_mode">'
+        '<failure message="langchain_core.exceptions.OutputParserException: cut&#10;more"/>'
+        "</testcase>"
+        '<testcase classname="c" name="test_stream[model0]"><error message="boom"/></testcase>'
+        '<testcase classname="c" name="test_pdf_inputs"><skipped message="no PDFs"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    found = langchain_suite.outcomes(report)
+    assert found == {
+        "test_invoke": {"outcome": "passed", "message": ""},
+        "test_json_mode": {"outcome": "failed", "message": "OutputParserException: cut"},
+        "test_stream[model0]": {"outcome": "failed", "message": "boom"},
+        "test_pdf_inputs": {"outcome": "skipped", "message": "no PDFs"},
+    }
+    runs = {"a": found, "b": {**found, "test_json_mode": {"outcome": "passed", "message": ""}}}
+    table = langchain_suite.markdown({"members": "m", "max_tokens": 8, "runs": runs})
+    assert "| a | 1 | 2 | 1 |" in table and "| b | 2 | 1 | 1 |" in table
+    uneven = table.split("Tests not passed by every configuration:")[1]
+    assert "| test_json_mode | failed: OutputParserException: cut | passed |" in uneven
+    assert "test_invoke" not in uneven and "test_pdf_inputs" not in uneven  # skipped by both
