@@ -9,6 +9,7 @@ marked xfail, since the runner records what passes and what fails, with the asse
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -21,9 +22,10 @@ from langchain_ensemble import ChatEnsemble
 SUITE_ENV = "LLM_ENSEMBLING_SUITE"  # {"models": [...], "method": ..., "method_options": {...}}
 
 
+@functools.cache
 def suite_params() -> dict:
-    """The configuration the runner passed: the members (paths, or `Local` specs of the real
-    pair by name), the method and its options, max_tokens and torch threads."""
+    """The configuration the runner passed, read once: the members (paths, or the real pair's
+    `Local` specs), the method and its options, and max_tokens; torch threads are set here."""
     config = json.loads(os.environ[SUITE_ENV])
     torch.set_num_threads(config.pop("threads", 1))
     if config.pop("real", False):
@@ -40,7 +42,7 @@ class TestStandardSuite(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict:
-        return suite_params()
+        return dict(suite_params())
 
     @property
     def supports_json_mode(self) -> bool:
@@ -52,5 +54,5 @@ class TestStandardSuite(ChatModelIntegrationTests):
         its own otherwise)."""
         params = {**self.standard_chat_model_params, **self.chat_model_params}
         params.update(getattr(request, "param", None) or {})
-        params["max_tokens"] = self.chat_model_params["max_tokens"]
+        params["max_tokens"] = suite_params()["max_tokens"]
         return ChatEnsemble(**params)
