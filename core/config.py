@@ -8,6 +8,7 @@ from typing import Any
 from .errors import InvalidConfigError
 from .events import Event
 from .grammar import Constraint, build_constraint
+from .penalties import Penalties
 from .tool_calls import InvalidToolCall, ToolCall
 from .tools import ToolSpec, normalize_response_format, normalize_tool_choice, normalize_tools
 from .validate import check_bool, check_int, check_real, check_seed, check_strings
@@ -29,7 +30,11 @@ class GenerationConfig:
     template (few-shot text, a completion prompt, a base model's own format): tokenized as the
     member's tokenizer reads a plain text, its BOS token added where the tokenizer adds one.
     Tools need a template to reach the members, so they are refused with it; a
-    `response_format` still constrains the answer (the prompt must ask for it itself)."""
+    `response_format` still constrains the answer (the prompt must ask for it itself).
+
+    `frequency_penalty` and `presence_penalty` are OpenAI's (-2..2, 0 = none): each member
+    lowers the log-probs of the tokens it has already written in this response, by its own
+    tokenization of the response (`core.penalties`), before any method reads its rows."""
 
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -42,6 +47,8 @@ class GenerationConfig:
     response_format: dict[str, Any] | None = None
     grammar: bool = True  # False: tools and schema reach the prompts only (calls still parsed)
     raw_prompt: bool = False  # True: the prompt is text every member reads as is, no template
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     constraint: Constraint | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +67,10 @@ class GenerationConfig:
             "response_format": normalize_response_format(self.response_format),
             "grammar": check_bool("grammar", self.grammar),
             "raw_prompt": check_bool("raw_prompt", self.raw_prompt),
+            **{
+                name: check_real(name, getattr(self, name), low=-2, high=2, example=0.5)
+                for name in ("frequency_penalty", "presence_penalty")
+            },
         }
         checked["tool_choice"] = normalize_tool_choice(self.tool_choice, checked["tools"])
         if checked["raw_prompt"] and checked["tools"]:
@@ -79,6 +90,11 @@ class GenerationConfig:
     def calls_tools(self) -> bool:
         """The answer may contain tool calls."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def penalties(self) -> Penalties:
+        """The penalties every member applies to its own rows (falsy when both are 0)."""
+        return Penalties(self.frequency_penalty, self.presence_penalty)
 
     @property
     def greedy(self) -> bool:

@@ -388,7 +388,7 @@ class Ensemble:
         tools = config.tools if config.calls_tools else ()
         for member in algorithm.active:
             request.stats.prompt_tokens[member.name] = member.start(
-                messages, tools, config.response_format, config.constraint
+                messages, tools, config.response_format, config.constraint, config.penalties
             )
         run = _Run(self, members, algorithm, request, cancel, admitted)
         return RequestStream(run.deltas(), members, cancel, self.admission, admitted)

@@ -33,9 +33,16 @@ from typing import Any, ClassVar
 import torch
 
 from .chat import Message, prompt_ids, raw_prompt_ids
-from .errors import ContextWindowError, EnsembleError, MemberError, RequestCancelled
+from .errors import (
+    ContextWindowError,
+    EnsembleError,
+    InvalidConfigError,
+    MemberError,
+    RequestCancelled,
+)
 from .grammar import Constraint, ConstraintError, GrammarViolation, Matcher, constrain
 from .kv import common_prefix
+from .penalties import Penalties
 from .row_memo import RowMemo
 from .sampling import Sampler
 from .stops import first_hit
@@ -106,6 +113,7 @@ class RequestState:
     sequence: SequenceState = field(default_factory=SequenceState)
     cancel: threading.Event | None = None  # once set, the next forward pass raises
     reuse: bool = True  # take and leave computed prompt prefixes (where the backend keeps any)
+    penalties: Penalties = field(default_factory=Penalties)  # the request's, set by `start`
     depth: int = 0  # nested operations: only the outermost one is a transaction
     rows: RowMemo = field(default_factory=RowMemo)  # rows computed, by the ids they follow
     calls: int = 0  # forward passes (or server requests) made for the request
@@ -268,11 +276,20 @@ class Member(ABC):
         tools: Sequence[ToolSpec] = (),
         response_format: dict | None = None,
         constraint: Constraint | None = None,
+        penalties: Penalties | None = None,
     ) -> int:
         """Begin a request: render the prompt with this member's template (and the request's
         tools and answer schema), or take a raw prompt (a string) as it is; a `constraint`
-        gives this member a grammar matcher for its own tokenizer. Returns the prompt's
-        length."""
+        gives this member a grammar matcher for its own tokenizer, and `penalties` shape every
+        row it gives by its own tokens of the response (`core.penalties`). Returns the
+        prompt's length."""
+        penalties = penalties or Penalties()
+        if penalties and not self.full_rows:
+            raise InvalidConfigError(
+                f"frequency_penalty and presence_penalty need each member's whole next-token "
+                f"distribution, and member {self.name!r} is served with its top log-probs "
+                "only; leave both at 0 for this ensemble, or load the member in this process."
+            )
         prompt = self.render(messages, tools, response_format)
         grammar = Matcher(constraint, self.vocab, self.stop_ids) if constraint else None
         if len(prompt) >= self.context_window:
@@ -286,6 +303,7 @@ class Member(ABC):
             keep = common_prefix(state.sequence.seq, prompt)
             old = state.sequence.cache
             state.sequence = SequenceState(list(prompt), len(prompt), b"", [], old, grammar)
+            state.penalties = penalties
             state.rows.clear()
             self._rewind(keep)
             self._reuse(prompt)
@@ -296,9 +314,21 @@ class Member(ABC):
     def logprobs(self, boundaries: Sequence[int]) -> torch.Tensor:
         """Next-token log-probs after the first `b` response tokens, for each b: [len, vocab].
         Under the request's grammar each row is masked to what the grammar allows there and
-        renormalised, so a method never sees a distribution the grammar has not shaped.
-        A row computed before for the same ids (`core.row_memo`) costs no pass."""
-        return self._constrained(self._known_rows(boundaries), boundaries)
+        renormalised, so a method never sees a distribution the grammar has not shaped; the
+        request's penalties apply before the mask. A row computed before for the same ids
+        (`core.row_memo`) costs no pass."""
+        ids = self.ids
+        rows = self._penalised(self._known_rows(boundaries), [ids[:b] for b in boundaries])
+        return self._constrained(rows, boundaries)
+
+    def _penalised(
+        self, rows: torch.Tensor, histories: Sequence[Sequence[int]], raw: bool = False
+    ) -> torch.Tensor:
+        """The model's `rows` under the request's penalties: `histories[i]` is the response
+        ids row i follows. The row memo keeps the model's own rows; every reader of a row
+        penalises it here."""
+        penalties = self.state.penalties
+        return penalties.apply(rows, histories, normalise=not raw) if penalties else rows
 
     def _known_rows(self, boundaries: Sequence[int]) -> torch.Tensor:
         """The model's rows after each boundary: remembered ones, and the others in one call of
@@ -481,9 +511,11 @@ class Member(ABC):
             before = sequence.seq[sequence.prompt_len : start]
             known: dict[int, torch.Tensor] = {}
             for i, (block, end) in enumerate(zip(blocks, flags, strict=True)):
-                rows = [memo.get(before + block[:k]) for k in range(len(block) + int(end))]
+                histories = [before + block[:k] for k in range(len(block) + int(end))]
+                rows = [memo.get(history) for history in histories]
                 if rows and all(row is not None for row in rows):
-                    known[i] = token_scores(torch.stack(rows), block, end, self.stop_ids)
+                    rows = self._penalised(torch.stack(rows), histories)
+                    known[i] = token_scores(rows, block, end, self.stop_ids)
             rest = [i for i in range(len(blocks)) if i not in known]
             if rest:
                 computed = self._continuation_scores(
@@ -496,13 +528,15 @@ class Member(ABC):
         self, start: int, block: Sequence[int], end: bool, predictors: torch.Tensor, raw: bool
     ) -> torch.Tensor:
         """One continuation's scores from its rows (`predictors[k]` follows its first k ids,
-        after the sequence's first `start` ids); log-prob rows are remembered (`_known_rows`)."""
-        if raw:
-            return token_scores(predictors, block, end, self.stop_ids)
+        after the sequence's first `start` ids); log-prob rows are remembered (`_known_rows`),
+        and the scores read from them under the request's penalties."""
         sequence, memo = self.state.sequence, self.state.rows
         before = sequence.seq[sequence.prompt_len : start]
-        for k, row in enumerate(predictors[: len(block) + 1]):
-            memo.put(before + list(block[:k]), row)
+        histories = [before + list(block[:k]) for k in range(min(len(predictors), len(block) + 1))]
+        if not raw:
+            for history, row in zip(histories, predictors, strict=False):
+                memo.put(history, row)
+        predictors = self._penalised(predictors[: len(histories)], histories, raw)
         return token_scores(predictors, block, end, self.stop_ids)
 
     @abstractmethod
@@ -524,11 +558,13 @@ class Member(ABC):
         Under the request's grammar each row is masked as `logprobs` masks; a branch the
         grammar rejects, or after which it allows nothing this member would write, gets a row
         of -inf (nothing can follow it)."""
+        base = self.ids[:boundary]
         rows = self._model_branch_logprobs(boundary, branches)
+        rows = self._penalised(rows, [[*base, *branch] for branch in branches])
         grammar = self.state.sequence.grammar
         if grammar is None:
             return rows
-        base, masked = self.ids[:boundary], []
+        masked = []
         for row, branch in zip(rows, branches, strict=True):
             try:
                 grammar.follow([*base, *branch])

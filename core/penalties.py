@@ -1,0 +1,48 @@
+"""OpenAI's `frequency_penalty` and `presence_penalty`, applied by each member to its own rows.
+
+OpenAI defines both on one model's logits: a token's logit loses `frequency_penalty` for every
+time the token is already in the response, and `presence_penalty` once if it is there at all.
+In an ensemble the members have different vocabularies, so each member applies them with its
+own tokens of the shared response, before any method reads its distribution: the draft, the
+verification scores, SAFE's ensemble points and SpecEM's votes all see the penalised rows.
+
+A log-prob row is a logit row shifted by a constant, so the penalties are subtracted from the
+log-probs and the row is normalised again; raw logits (`Member.score(raw=True)`) are penalised
+as OpenAI penalises them, with no normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """The two penalties of a request (each in OpenAI's -2..2; both 0 is no penalty)."""
+
+    frequency: float = 0.0
+    presence: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.frequency or self.presence)
+
+    def apply(
+        self, rows: torch.Tensor, histories: Sequence[Sequence[int]], normalise: bool = True
+    ) -> torch.Tensor:
+        """`rows[i]` (a row over the member's vocabulary) penalised by the tokens of
+        `histories[i]` (the response ids that row follows); renormalised as log-probs unless
+        `normalise` is False."""
+        if not self or not len(rows):
+            return rows
+        size = rows.shape[-1]
+        counts = torch.zeros(len(histories), size, dtype=rows.dtype)
+        for i, history in enumerate(histories):
+            if history:
+                ids = torch.tensor(list(history), dtype=torch.long)
+                counts[i] = torch.bincount(ids, minlength=size)[:size].to(rows.dtype)
+        penalty = counts * self.frequency + (counts > 0).to(rows.dtype) * self.presence
+        penalised = rows - penalty.to(rows.device)
+        return torch.log_softmax(penalised, dim=-1) if normalise else penalised
