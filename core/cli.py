@@ -63,6 +63,8 @@ def generate(args: argparse.Namespace) -> None:
         top_p=args.top_p,
         seed=args.seed,
         raw_prompt=args.raw,
+        frequency_penalty=args.frequency_penalty,
+        presence_penalty=args.presence_penalty,
     )
 
     def show(event) -> None:
@@ -124,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
+    for name in ("frequency", "presence"):
+        p.add_argument(
+            f"--{name}-penalty",
+            type=float,
+            default=0.0,
+            help="OpenAI's (-2..2, 0 = none): each member lowers tokens it has already written",
+        )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[])
     p.add_argument("--events", action="store_true", help="print ensemble events to stderr")

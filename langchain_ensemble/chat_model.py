@@ -54,7 +54,14 @@ from .structured import structured_binding, structured_runnable
 from .tools import one_per_name, tool_specs
 
 # Per-call keyword arguments (invoke(..., temperature=0.7), .bind(seed=1)), by LangChain's names.
-_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed")
+_CALL_SETTINGS = (
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+)
 # Per-call tool settings (bind_tools, create_agent's response_format), passed to the engine,
 # which checks them; `strict` shapes the tools' schemas as they are converted.
 _TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
@@ -160,6 +167,12 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
     top_p: float | None = None
     seed: int | None = Field(default=None, description="Makes sampling reproducible.")
     max_tokens: int | None = Field(default=None, description="Output tokens (default 256).")
+    frequency_penalty: float | None = Field(
+        default=None, description="OpenAI's (-2..2): each member lowers its repeated tokens."
+    )
+    presence_penalty: float | None = Field(
+        default=None, description="OpenAI's (-2..2): each member lowers tokens already written."
+    )
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
 
@@ -237,11 +250,7 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
             "method": self.method,
             "method_options": self.method_options,
             **option_values(self),
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "max_tokens": self.max_tokens,
-            "stop": self.stop,
+            **{name: getattr(self, name) for name in (*_CALL_SETTINGS, "stop")},
         }
         return json.loads(json.dumps(params, default=str))  # tracing needs plain JSON values
 
@@ -296,13 +305,7 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
             call["tools"] = tool_specs(call["tools"], strict)
         if stop is not None:
             call["stop"] = stop
-        defaults = {
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "stop": self.stop,
-        }
+        defaults = {name: getattr(self, name) for name in (*_CALL_SETTINGS, "stop")}
         n = call.get("max_tokens", self.max_tokens)
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n <= 0):
             raise InvalidConfigError(f"max_tokens must be a positive integer, got {n!r}.")

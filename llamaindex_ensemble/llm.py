@@ -75,7 +75,15 @@ if TYPE_CHECKING:
 
 dispatcher = get_dispatcher(__name__)
 
-_GENERATION = ("max_new_tokens", "temperature", "top_p", "seed", "stop")
+_GENERATION = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
+)
 # Per-call tool settings (chat_with_tools, structured_predict), passed to the engine, which
 # checks them; `tool_required=True` is tool_choice "required" unless a tool_choice is given.
 _TOOL_SETTINGS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
@@ -102,7 +110,8 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
         method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
         every ensemble option (`core.options`): device, dtype and names (one for all, or one
             per member), on_member_failure, max_concurrency, learn_weights, ...
-        max_new_tokens, temperature, top_p, seed, stop: generation settings (greedy by
+        max_new_tokens, temperature, top_p, seed, stop, frequency_penalty, presence_penalty:
+            generation settings (greedy by
             default), each overridable per call (`complete(..., temperature=0.7)`).
         on_event: called with every core event as it happens.
 
@@ -161,6 +170,12 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
     seed: int | None = Field(default=None, description="Makes sampling reproducible.")
     stop: list[str] | None = Field(
         default=None, description="Stop strings (cut before the first; per-call `stop` replaces)."
+    )
+    frequency_penalty: float = Field(
+        default=0.0, description="OpenAI's (-2..2): each member lowers its repeated tokens."
+    )
+    presence_penalty: float = Field(
+        default=0.0, description="OpenAI's (-2..2): each member lowers tokens already written."
     )
     on_event: Callable[[Event], None] | None = Field(
         default=None, exclude=True, description="Called with every core event, as it happens."

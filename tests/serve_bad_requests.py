@@ -236,11 +236,18 @@ ROWS: list[Row] = [
     Row("logprobs asked", 422, "unsupported", "logprobs", body=chat(logprobs=True)),
     Row("top_logprobs asked", 422, "unsupported", "top_logprobs", body=chat(top_logprobs=5)),
     Row(
-        "a presence penalty",
-        422,
-        "unsupported",
+        "a presence penalty above 2",
+        400,
+        None,
         "presence_penalty",
-        body=chat(presence_penalty=0.5),
+        body=chat(presence_penalty=2.5),
+    ),  # fmt: skip
+    Row(
+        "a frequency penalty that is a string",
+        400,
+        None,
+        "frequency_penalty",
+        body=chat(frequency_penalty="high"),
     ),  # fmt: skip
     Row("a logit bias", 422, "unsupported", "logit_bias", body=chat(logit_bias={"50256": -100})),
     Row(

@@ -71,6 +71,8 @@ def reference(ensemble, body: dict, default_max_tokens: int = 2048) -> Output:
         parallel_tool_calls=body.get("parallel_tool_calls", True),
         response_format=body.get("response_format"),
         raw_prompt="messages" not in body,
+        frequency_penalty=body.get("frequency_penalty") or 0.0,
+        presence_penalty=body.get("presence_penalty") or 0.0,
     )
     return ensemble.generate(messages, config)
 

@@ -75,9 +75,6 @@ def _nothing_asked(body: dict, completion: bool) -> None:
             "not one model's token, so no single distribution describes it.",
             "logprobs" if logprobs else "top_logprobs",
         )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if fields.number(body, name, -2.0, 2.0):
-            raise unsupported(f"'{name}' is not supported; leave it at 0.", name)
     bias = body.get("logit_bias")
     if bias is not None and not isinstance(bias, dict):
         raise bad_request("'logit_bias' must be an object.", "logit_bias")

@@ -17,6 +17,8 @@ from core.tools import ToolSpec, normalize_response_format, normalize_tool_choic
 from .errors import APIError, bad_request, from_engine, unsupported
 from .settings import Limits
 
+PENALTIES = ("frequency_penalty", "presence_penalty")  # OpenAI's, each in -2..2
+
 
 def type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(
@@ -240,6 +242,7 @@ def generation_config(
     if top_p == 0:
         raise bad_request("'top_p' is 0; it must be above 0 (1 keeps every token).", "top_p")
     seed = integer(body, "seed", -(2**63), 2**63 - 1)
+    penalties = {name: number(body, name, -2.0, 2.0) for name in PENALTIES}
     try:
         return GenerationConfig(
             max_new_tokens=tokens,
@@ -251,6 +254,7 @@ def generation_config(
             tool_choice=choice,
             parallel_tool_calls=parallel,
             response_format=fmt,
+            **{name: value for name, value in penalties.items() if value is not None},
         )
     except InvalidConfigError as error:
         raise from_engine(error) from None
