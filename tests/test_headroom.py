@@ -59,3 +59,18 @@ def test_headroom_rows_ceiling_gap_ratios_and_weights(tmp_path):
     table = (out / "results.md").read_text()
     assert "gap closed" in table
     assert "weights (2 warm-up problems, calibrated on 2; seed 2)" in table
+
+
+def test_a_configuration_may_add_generation_settings_to_its_requests(tmp_path):
+    out = tmp_path / "headroom"
+    args = ["bench", "--headroom", "--n", "4", "--warmup", "0", "--methods", "single"]
+    args += ["--config", "penalised=single:member=0,frequency_penalty=2,presence_penalty=2"]
+    args += ["--max-new-tokens", "40", "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    rows = {row["label"]: row for row in data["rows"]}
+    penalised = rows["penalised"]
+    assert penalised["options"] == {"member": 0}
+    assert penalised["generation"] == {"frequency_penalty": 2, "presence_penalty": 2}
+    plain = [p["text"] for p in data["per_problem"][f"single {model_paths(weak=True)[0].name}"]]
+    assert [p["text"] for p in data["per_problem"]["penalised"]] != plain

@@ -122,6 +122,7 @@ def summarise(setups: list[Setup], records: dict[str, list[Record]], n_members: 
                 "label": setup.label,
                 "method": setup.method,
                 "options": setup.options,
+                "generation": setup.generation,
                 "members": setup.members,
                 "problems": len(rs),
                 "accuracy": sum(scored) / len(scored) if scored else None,
@@ -304,7 +305,7 @@ def run(
         for setup in order:
             # one seed per problem: sampled rows (and methods that sample inside a greedy
             # request, e.g. SpecEM's preset="paper" drafts) are reproducible
-            seeded = replace(config, seed=seed + index)
+            seeded = setup.config(replace(config, seed=seed + index))
             record, text = run_one(
                 ensembles[setup.label], messages, seeded, check if with_accuracy else None
             )

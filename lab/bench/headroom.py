@@ -155,7 +155,7 @@ def run(
         elif warm_task and len(ensemble.members) > 1:
             ensemble.learn_weights = True  # the warm-up learns the member weights...
             for messages, _ in warm_task.items:
-                ensemble.generate(messages, config)
+                ensemble.generate(messages, setup.config(config))
                 _tick(bar)
             ensemble.learn_weights = False  # ...then they stay: each answer its problem's
         preferences[setup.label] = ensemble.summary()["self_preference"]
@@ -170,7 +170,7 @@ def run(
     bar = _bar(progress, len(task.items), "problems")
     for index, (messages, check) in enumerate(task.items):
         for setup in setups[index % len(setups) :] + setups[: index % len(setups)]:
-            seeded = replace(config, seed=seed + index)
+            seeded = setup.config(replace(config, seed=seed + index))
             record, _ = run_one(ensembles[setup.label], messages, seeded, check)
             records[setup.label].append(record)
         _tick(bar)

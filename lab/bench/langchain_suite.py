@@ -44,6 +44,7 @@ def run_suite(setup: Setup, members: dict, max_tokens: int, threads: int) -> dic
         **members,
         "method": setup.method,
         "method_options": setup.options,
+        **setup.generation,
         "max_tokens": max_tokens,
         "threads": threads,
     }

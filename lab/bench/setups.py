@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from core.cli_options import parse_value
+from core.config import GenerationConfig
 from core.ensemble import Ensemble
 from core.errors import InvalidConfigError
 from core.hf_member import HFMember
@@ -149,15 +150,25 @@ def jsonl_rows(path: Path, shape: str) -> Iterator[tuple[str, dict]]:
         yield f"{path}:{number}", row
 
 
+# `--config` keys that are generation settings of every request, not options of the method
+GENERATION_KEYS = ("frequency_penalty", "presence_penalty")
+
+
 @dataclass
 class Setup:
-    """One configuration to measure: a label, a method, its options, the members it uses."""
+    """One configuration to measure: a label, a method, its options, the members it uses, and
+    generation settings its requests add (`GENERATION_KEYS`)."""
 
     label: str
     method: str
     options: dict[str, Any] = field(default_factory=dict)
     members: list[int] | None = None  # indices into the loaded members; None = all
     served_twin_of: str | None = None  # --remote: the in-process setup this one mirrors
+    generation: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, config: GenerationConfig) -> GenerationConfig:
+        """A request's settings with this configuration's generation settings added."""
+        return replace(config, **self.generation) if self.generation else config
 
     def chosen(self, n_members: int) -> list[int]:
         return list(self.members) if self.members is not None else list(range(n_members))
@@ -200,14 +211,15 @@ def parse_setups(
                 f"{', '.join(METHOD_NAMES)}."
             )
         options: dict[str, Any] = {}
+        generation: dict[str, Any] = {}
         members = None
         for pair in filter(None, opts.split(",")):
             key, _, value = pair.partition("=")
             if key == "members":
                 members = [int(v) for v in value.split("+")]
             else:
-                options[key] = parse_value(value)
-        setups.append(Setup(label, method, options, members))
+                (generation if key in GENERATION_KEYS else options)[key] = parse_value(value)
+        setups.append(Setup(label, method, options, members, generation=generation))
     return setups
 
 
