@@ -29,6 +29,7 @@ FEW_SHOT = "Q: 2 + 3\nA: 5\nQ: 4 + 4\nA:"
 PROMPT = [{"role": "user", "content": "Tell me about cats and dogs."}]
 PENALTIES = {"frequency_penalty": 1.5, "presence_penalty": 0.5}
 METHODS = ("single", "safe", "specem", "token", "rerank")
+SETUPS = [(method, {}) for method in METHODS] + [("rerank", {"score": "pmi"})]
 
 
 class _OpenAIPenalty(LogitsProcessor):
@@ -104,9 +105,9 @@ def test_every_row_a_method_reads_is_penalised_alike(shipped_members):
         assert torch.allclose(rows[1], expected[4], atol=1e-5)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_every_method_streams_what_it_generates_under_the_penalties(make_ensemble, method):
-    ensemble = make_ensemble(method, members=[0] if method == "single" else None)
+@pytest.mark.parametrize(("method", "options"), SETUPS, ids=[*METHODS, "rerank-pmi"])
+def test_every_method_streams_what_it_generates_under_the_penalties(make_ensemble, method, options):
+    ensemble = make_ensemble(method, members=[0] if method == "single" else None, **options)
     config = GenerationConfig(max_new_tokens=32, **PENALTIES)
     whole = ensemble.generate(PROMPT, config)
     assert "".join(d.text for d in ensemble.stream(PROMPT, config)) == whole.text

@@ -31,12 +31,12 @@ def prior_scores(
 ) -> list[torch.Tensor]:
     """Each candidate's token log-probs as this member reads it after an empty user turn (an
     empty raw prompt for a raw-prompt request) and `base` (the text committed before the
-    candidates), in a view of its own that the request's cancellation also stops; after, its
-    computed prompt is kept for the next request (where prefix reuse is on) and what it holds
-    is released."""
+    candidates), under the request's penalties, in a view of its own that the request's
+    cancellation also stops; after, its computed prompt is kept for the next request (where
+    prefix reuse is on) and what it holds is released."""
     view = member.spawn(member.state.cancel, member.state.reuse)
     try:
-        view.start("" if raw_prompt else EMPTY_REQUEST)
+        view.start("" if raw_prompt else EMPTY_REQUEST, penalties=member.state.penalties)
         if base:
             view.sync(base)
         return view.score(texts, ends=ends)
