@@ -102,8 +102,9 @@ class ChatEnsemble(BaseChatModel, EnsembleOptionFields):
         method: "safe" | "specem" | "token" | "rerank" | "single"; method_options: its options.
         every ensemble option (`core.options`): device, dtype and names (one for all, or one
             per member), on_member_failure, max_concurrency, learn_weights, ...
-        temperature, top_p, seed, max_tokens, stop: generation settings (greedy by default),
-            each overridable per call (`invoke(..., temperature=0.7)`, `.bind(seed=1)`).
+        temperature, top_p, seed, max_tokens, stop, frequency_penalty, presence_penalty:
+            generation settings (greedy, no penalty by default), each overridable per call
+            (`invoke(..., temperature=0.7)`, `.bind(seed=1)`).
         ensemble_events, event_trace, on_event: where ensemble events go (see Events).
 
     Instantiate:

@@ -111,8 +111,8 @@ class EnsembleLLM(FunctionCallingLLM, EnsembleOptionFields):
         every ensemble option (`core.options`): device, dtype and names (one for all, or one
             per member), on_member_failure, max_concurrency, learn_weights, ...
         max_new_tokens, temperature, top_p, seed, stop, frequency_penalty, presence_penalty:
-            generation settings (greedy by
-            default), each overridable per call (`complete(..., temperature=0.7)`).
+            generation settings (greedy, no penalty by default), each overridable per call
+            (`complete(..., temperature=0.7)`).
         on_event: called with every core event as it happens.
 
     Instantiate:
