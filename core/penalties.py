@@ -37,12 +37,10 @@ class Penalties:
         `normalise` is False."""
         if not self or not len(rows):
             return rows
-        size = rows.shape[-1]
-        counts = torch.zeros(len(histories), size, dtype=rows.dtype)
+        penalised = rows.clone()
         for i, history in enumerate(histories):
             if history:
-                ids = torch.tensor(list(history), dtype=torch.long)
-                counts[i] = torch.bincount(ids, minlength=size)[:size].to(rows.dtype)
-        penalty = counts * self.frequency + (counts > 0).to(rows.dtype) * self.presence
-        penalised = rows - penalty.to(rows.device)
+                ids, counts = torch.unique(torch.tensor(list(history)), return_counts=True)
+                penalty = counts.to(rows.dtype) * self.frequency + self.presence
+                penalised[i, ids.to(rows.device)] -= penalty.to(rows.device)
         return torch.log_softmax(penalised, dim=-1) if normalise else penalised
