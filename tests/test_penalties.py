@@ -13,6 +13,8 @@ import pytest
 import torch
 from conftest import needs_trained
 from fake_server import FakeServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
 from serve_helpers import reference
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -151,6 +153,8 @@ def test_the_adapters_pass_the_penalties(make_ensemble):
     assert plain.invoke([HumanMessage(PROMPT[0]["content"])], **PENALTIES).content == expected
     llm = EnsembleLLM(models=paths, method="safe", max_new_tokens=24, **PENALTIES)
     assert llm.complete(PROMPT[0]["content"]).text == expected
+    plain_llm = EnsembleLLM(models=paths, method="safe", max_new_tokens=24)
+    assert plain_llm.complete(PROMPT[0]["content"], **PENALTIES).text == expected
 
 
 def test_serve_takes_the_penalties_as_openai_sends_them(served, bodies):
@@ -173,3 +177,25 @@ def test_the_cli_takes_the_penalties(capsys, make_ensemble):
         FEW_SHOT, raw_prompt=True, max_new_tokens=24, **PENALTIES
     )
     assert capsys.readouterr().out.rstrip("\n") == expected.text
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 11), max_size=12), min_size=1, max_size=4),
+    st.floats(-2, 2),
+    st.floats(-2, 2),
+)
+@settings(max_examples=60, deadline=None)
+def test_penalties_are_openais_definition_on_any_history(histories, frequency, presence):
+    """Each row loses frequency * count + presence * (count > 0) at every written id, and is a
+    distribution again (log-probs); raw logits lose the same with no normalisation."""
+    logits = torch.randn(len(histories), 12, generator=torch.Generator().manual_seed(0))
+    rows = torch.log_softmax(logits, -1)
+    penalties = Penalties(frequency, presence)
+    expected = logits.clone()
+    for i, history in enumerate(histories):
+        for token in set(history):
+            expected[i, token] -= frequency * history.count(token) + presence
+    raw = penalties.apply(logits, histories, normalise=False)
+    assert torch.allclose(raw, expected, atol=1e-5)
+    shaped = penalties.apply(rows, histories)
+    assert torch.allclose(shaped, torch.log_softmax(expected, -1), atol=1e-5)
