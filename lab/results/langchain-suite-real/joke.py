@@ -1,5 +1,6 @@
 """The default on the real pair, asked the standard suite's structured-output question: its text
-and where each token came from (skips and ensemble points).
+and where each token came from (skips and ensemble points), then its text with
+`frequency_penalty=0.5`.
 
     python lab/results/langchain-suite-real/joke.py
 """
@@ -32,3 +33,6 @@ print(Counter(event.name for event in events))
 for event in events:
     if event.name == "ensemble_point":
         print(event)
+# the same request with OpenAI's frequency penalty (../langchain-suite-real-penalty/)
+shaped = ensemble.generate(question, max_new_tokens=64, response_format=JOKE, frequency_penalty=0.5)
+print("frequency_penalty=0.5:", repr(shaped.text), shaped.finish_reason)
