@@ -205,6 +205,8 @@ def test_bad_arguments_of_the_new_modes_are_clear_errors(tmp_path, capsys):
         (["--prompt-tokens", "700"], "--concurrency run"),
         (["--concurrency", "1,2", "--prompt-tokens", "700"], "--form rag"),
         (["--form", "tool", "--task", str(tmp_path / "t.jsonl")], "no tools to offer"),
+        (["--concurrency", "1,2", "--config", "p=safe:frequency_penalty=0.5"], "drop it here"),
+        (["--grammar-cost", "--config", "p=safe:presence_penalty=1"], "drop it here"),
     ]:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err

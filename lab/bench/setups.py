@@ -227,14 +227,26 @@ def method_setups(
     methods: Sequence[str], n_members: int, configs: Sequence[str] = (), names: Sequence[str] = ()
 ) -> list[Setup]:
     """One setup per method at its default options (`single` on the first member, labelled with
-    its name), plus `--config` setups: what the concurrency, soak, grammar and tool benchmarks
-    compare."""
+    its name), plus `--config` setups: what the concurrency, soak and grammar benchmarks
+    compare (requests as each benchmark writes them: no generation settings)."""
     setups = []
     for method in methods:
         method_class(method)  # unknown or unavailable methods fail here
         label = f"single {names[0]}" if method == "single" and names else method
         setups.append(Setup(label, method))
-    return setups + parse_setups((), (), n_members, configs, names)
+    return without_generation(setups + parse_setups((), (), n_members, configs, names))
+
+
+def without_generation(setups: list[Setup]) -> list[Setup]:
+    """The setups of a benchmark that writes its requests' settings itself: a `--config` that
+    adds generation settings is refused rather than run without them."""
+    for setup in setups:
+        if setup.generation:
+            raise InvalidConfigError(
+                f"--config {setup.label!r}: {', '.join(setup.generation)} reach the requests of "
+                "the accuracy, headroom, tool and LangChain-suite benchmarks only; drop it here."
+            )
+    return setups
 
 
 def shipped_model_paths() -> list[str]:

@@ -40,7 +40,14 @@ from core.member import Member
 
 from .phases import PhaseClock, instrumented
 from .report import write_results
-from .setups import Setup, ensemble_for, jsonl_rows, load_members, parse_setups
+from .setups import (
+    Setup,
+    ensemble_for,
+    jsonl_rows,
+    load_members,
+    parse_setups,
+    without_generation,
+)
 
 # Short questions with a one-word or one-number answer (the real pair's prompts).
 QUESTIONS = (
@@ -387,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         members = load_members(_real_pair() if args.real else args.model, args.device, args.dtype)
         names = [m.name for m in members]
         setups = parse_setups((), (), len(members), args.config or DEFAULT_CONFIGS, names)
+        setups = without_generation(setups)
         compare = json.loads(Path(args.compare).read_text()) if args.compare else None
         command = "python -m lab.bench.speed " + " ".join(shlex.quote(a) for a in argv)
         run(members=members, setups=setups, prompts=prompts, prompt_set=prompt_set,

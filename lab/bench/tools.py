@@ -242,7 +242,7 @@ def run(
         configs = request_configs(problem, max_new_tokens, tool_choice)
         turn = index % len(pairs)
         for setup, condition in pairs[turn:] + pairs[:turn]:
-            record = play(ensembles[setup.label], problem, configs[condition], task)
+            record = play(ensembles[setup.label], problem, setup.config(configs[condition]), task)
             records[setup.label, condition].append({"problem": index, **record})
     rows = summarise(setups, records)
     result = {
