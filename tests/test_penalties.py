@@ -16,8 +16,8 @@ from fake_server import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage
+from penalty_reference import penalised_greedy
 from serve_helpers import reference
-from transformers import LogitsProcessor, LogitsProcessorList
 
 from core import Ensemble, GenerationConfig, InvalidConfigError, Remote
 from core.cli import main
@@ -34,44 +34,12 @@ METHODS = ("single", "safe", "specem", "token", "rerank")
 SETUPS = [(method, {}) for method in METHODS] + [("rerank", {"score": "pmi"})]
 
 
-class _OpenAIPenalty(LogitsProcessor):
-    """OpenAI's definition on one model's logits, over the tokens generated after the prompt."""
-
-    def __init__(self, prompt_len: int, frequency: float, presence: float) -> None:
-        self.prompt_len, self.frequency, self.presence = prompt_len, frequency, presence
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        written = input_ids[0, self.prompt_len :]
-        counts = torch.bincount(written, minlength=scores.shape[-1])[: scores.shape[-1]]
-        return scores - counts * self.frequency - (counts > 0) * self.presence
-
-
-def _penalised_greedy(member, messages, n: int) -> str:
-    """transformers' greedy continuation of the member's own prompt for `messages`, with the
-    penalties on its logits."""
-    ids = torch.tensor([member.render(messages)])
-    frequency, presence = PENALTIES["frequency_penalty"], PENALTIES["presence_penalty"]
-    with torch.no_grad():
-        out = member.model.generate(
-            ids,
-            max_new_tokens=n,
-            do_sample=False,
-            logits_processor=LogitsProcessorList(
-                [_OpenAIPenalty(ids.shape[1], frequency, presence)]
-            ),
-            pad_token_id=member.tokenizer.eos_token_id,
-        )
-    new = out[0, ids.shape[1] :].tolist()
-    stop = next((i for i, t in enumerate(new) if t in member.stop_ids), len(new))
-    return member.vocab.decode_bytes(new[:stop]).decode("utf-8", errors="ignore")
-
-
 def test_a_single_member_writes_what_transformers_writes_with_the_penalty(shipped_members):
     changed = []
     for member in shipped_members:
         single = Ensemble([member], "single")
         out = single.generate(PROMPT, max_new_tokens=32, **PENALTIES)
-        assert out.text == _penalised_greedy(member, PROMPT, 32)
+        assert out.text == penalised_greedy(member, PROMPT, 32, **PENALTIES)
         changed.append(out.text != single.generate(PROMPT, max_new_tokens=32).text)
     assert any(changed)  # the first member repeats a name without them
 

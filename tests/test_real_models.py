@@ -13,6 +13,7 @@ import time
 
 import jsonschema
 import pytest
+from penalty_reference import penalised_greedy
 from torch import nn
 
 from core import Ensemble, HFMember
@@ -107,3 +108,29 @@ def test_a_json_schema_answer_is_valid_on_both_vocabularies(members):
     out = ensemble.generate(QUESTION, response_format=ANSWER, max_new_tokens=24)
     assert out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), ANSWER)
+
+
+def test_the_penalties_on_both_vocabularies(members):
+    """Each member alone writes what transformers writes with OpenAI's penalties on its logits
+    (49,152 and 262,144 ids), and on the question of LangChain's structured-output test, where
+    SmolLM2's repetition inside a JSON string carries the default to the token limit, the
+    default with frequency_penalty=0.5 closes its answer."""
+    for member in members:
+        out = Ensemble([member], "single").generate(
+            QUESTION, max_new_tokens=12, frequency_penalty=1
+        )
+        assert out.text == penalised_greedy(member, QUESTION, 12, frequency_penalty=1)
+    joke = {
+        "type": "object",
+        "properties": {"setup": {"type": "string"}, "punchline": {"type": "string"}},
+        "required": ["setup", "punchline"],
+    }
+    question = [{"role": "user", "content": "Tell me a joke about cats."}]
+    ensemble = Ensemble(members, DEFAULT_METHOD)
+    plain = ensemble.generate(question, response_format=joke, max_new_tokens=64)
+    shaped = ensemble.generate(
+        question, response_format=joke, max_new_tokens=64, frequency_penalty=0.5
+    )
+    assert plain.finish_reason == "length"
+    assert shaped.finish_reason == "stop"
+    jsonschema.validate(json.loads(shaped.text), joke)
