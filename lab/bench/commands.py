@@ -58,13 +58,13 @@ def _members_and_setups(args: argparse.Namespace):
 def _run_on_task(args: argparse.Namespace, run, **extra) -> None:
     """One bench mode over the task's prompts and the members and setups the flags give (the
     arguments every such mode takes), then the results shown."""
-    from .setups import load_task
+    from .setups import load_task, without_generation
 
     task = load_task(args.task, args.n, args.seed, args.form)
     members, setups = _members_and_setups(args)
     run(
         members=members,
-        setups=setups,
+        setups=without_generation(setups),
         items=[messages for messages, _ in task.items],
         task=task.name,
         max_new_tokens=args.max_new_tokens,
@@ -237,7 +237,13 @@ def bench(args: argparse.Namespace) -> None:
 
 def soak(args: argparse.Namespace) -> None:
     from . import soak as soak_run
-    from .setups import load_members, load_task, method_setups, shipped_model_paths
+    from .setups import (
+        load_members,
+        load_task,
+        method_setups,
+        shipped_model_paths,
+        without_generation,
+    )
 
     for name in ("requests", "workers", "tasks", "window", "problems"):
         if getattr(args, name) < 1:
@@ -251,7 +257,9 @@ def soak(args: argparse.Namespace) -> None:
     methods = [m for m in args.methods.split(",") if m]
     run = {  # what the soak in process and the soak over HTTP share
         "members": members,
-        "setups": method_setups(methods, len(members), args.config, [m.name for m in members]),
+        "setups": without_generation(
+            method_setups(methods, len(members), args.config, [m.name for m in members])
+        ),
         "problems": [messages for messages, _ in task.items],
         "requests": args.requests,
         "window": args.window,

@@ -227,14 +227,14 @@ def method_setups(
     methods: Sequence[str], n_members: int, configs: Sequence[str] = (), names: Sequence[str] = ()
 ) -> list[Setup]:
     """One setup per method at its default options (`single` on the first member, labelled with
-    its name), plus `--config` setups: what the concurrency, soak and grammar benchmarks
-    compare (requests as each benchmark writes them: no generation settings)."""
+    its name), plus `--config` setups: what the concurrency, soak, grammar and tool benchmarks
+    compare."""
     setups = []
     for method in methods:
         method_class(method)  # unknown or unavailable methods fail here
         label = f"single {names[0]}" if method == "single" and names else method
         setups.append(Setup(label, method))
-    return without_generation(setups + parse_setups((), (), n_members, configs, names))
+    return setups + parse_setups((), (), n_members, configs, names)
 
 
 def without_generation(setups: list[Setup]) -> list[Setup]:
