@@ -294,12 +294,14 @@ def soak(args: argparse.Namespace) -> None:
 
 def add_commands(sub) -> None:
     """The `bench` and `soak` sub-commands, on the lab's sub-parsers."""
+    from .setups import CONFIG_HELP
+
     p = sub.add_parser("bench", help="measure methods side by side in one run")
     p.add_argument(
         "--methods", default=None, help="default: single,token,safe,specem (--headroom: every one)"
     )
     p.add_argument("--aggregator", default=None, help="for token and safe (default: unite,gac)")
-    p.add_argument("--config", action="append", default=[], help="label=method:key=value,...")
+    p.add_argument("--config", action="append", default=[], help=CONFIG_HELP)
     p.add_argument("--model", action="append", default=None, help="member (default: shipped)")
     p.add_argument(
         "--task",

@@ -32,7 +32,7 @@ import torch
 
 from .langchain_suite_cases import SUITE_ENV
 from .report import write_results
-from .setups import Setup, parse_setups
+from .setups import CONFIG_HELP, Setup, parse_setups
 
 CASES = Path(__file__).with_name("langchain_suite_cases.py")
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m lab.bench.langchain_suite", description=__doc__)
     p.add_argument("--real", action="store_true", help="the real pair (the `real` extra)")
     p.add_argument("--model", action="append", default=None, help="a member path (repeat)")
-    p.add_argument("--config", action="append", required=True, help="label=method:k=v,...")
+    p.add_argument("--config", action="append", required=True, help=CONFIG_HELP)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True)

@@ -152,6 +152,10 @@ def jsonl_rows(path: Path, shape: str) -> Iterator[tuple[str, dict]]:
 
 # `--config` keys that are generation settings of every request, not options of the method
 GENERATION_KEYS = ("frequency_penalty", "presence_penalty")
+CONFIG_HELP = (
+    "label=method:key=value,... (the method's options; members=0+1; "
+    f"{' and '.join(GENERATION_KEYS)} for its requests)"
+)
 
 
 @dataclass
