@@ -26,7 +26,7 @@ import bisect
 import copy
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -317,18 +317,25 @@ class Member(ABC):
         renormalised, so a method never sees a distribution the grammar has not shaped; the
         request's penalties apply before the mask. A row computed before for the same ids
         (`core.row_memo`) costs no pass."""
-        ids = self.ids
-        rows = self._penalised(self._known_rows(boundaries), [ids[:b] for b in boundaries])
+
+        def histories() -> list[list[int]]:
+            ids = self.ids
+            return [ids[:b] for b in boundaries]
+
+        rows = self._penalised(self._known_rows(boundaries), histories)
         return self._constrained(rows, boundaries)
 
     def _penalised(
-        self, rows: torch.Tensor, histories: Sequence[Sequence[int]], raw: bool = False
+        self,
+        rows: torch.Tensor,
+        histories: Callable[[], Sequence[Sequence[int]]],
+        raw: bool = False,
     ) -> torch.Tensor:
-        """The model's `rows` under the request's penalties: `histories[i]` is the response
-        ids row i follows. The row memo keeps the model's own rows; every reader of a row
-        penalises it here."""
+        """The model's `rows` under the request's penalties: `histories()` gives the response
+        ids each row follows (built only when a penalty is set: this is on every row's path).
+        The row memo keeps the model's own rows; every reader of a row penalises it here."""
         penalties = self.state.penalties
-        return penalties.apply(rows, histories, normalise=not raw) if penalties else rows
+        return penalties.apply(rows, histories(), normalise=not raw) if penalties else rows
 
     def _known_rows(self, boundaries: Sequence[int]) -> torch.Tensor:
         """The model's rows after each boundary: remembered ones, and the others in one call of
@@ -514,7 +521,7 @@ class Member(ABC):
                 histories = [before + block[:k] for k in range(len(block) + int(end))]
                 rows = [memo.get(history) for history in histories]
                 if rows and all(row is not None for row in rows):
-                    rows = self._penalised(torch.stack(rows), histories)
+                    rows = self._penalised(torch.stack(rows), lambda h=histories: h)
                     known[i] = token_scores(rows, block, end, self.stop_ids)
             rest = [i for i in range(len(blocks)) if i not in known]
             if rest:
@@ -536,7 +543,7 @@ class Member(ABC):
         if not raw:
             for history, row in zip(histories, predictors, strict=False):
                 memo.put(history, row)
-        predictors = self._penalised(predictors[: len(histories)], histories, raw)
+        predictors = self._penalised(predictors[: len(histories)], lambda: histories, raw)
         return token_scores(predictors, block, end, self.stop_ids)
 
     @abstractmethod
@@ -558,13 +565,12 @@ class Member(ABC):
         Under the request's grammar each row is masked as `logprobs` masks; a branch the
         grammar rejects, or after which it allows nothing this member would write, gets a row
         of -inf (nothing can follow it)."""
-        base = self.ids[:boundary]
         rows = self._model_branch_logprobs(boundary, branches)
-        rows = self._penalised(rows, [[*base, *branch] for branch in branches])
+        rows = self._penalised(rows, lambda: [[*self.ids[:boundary], *b] for b in branches])
         grammar = self.state.sequence.grammar
         if grammar is None:
             return rows
-        masked = []
+        base, masked = self.ids[:boundary], []
         for row, branch in zip(rows, branches, strict=True):
             try:
                 grammar.follow([*base, *branch])
