@@ -58,11 +58,13 @@ def test_phases_count_every_moment_once_for_the_innermost_phase():
 def test_speed_benchmark_measures_ratios_and_breakdowns_side_by_side(tmp_path):
     out = tmp_path / "speed"
     configs = [f"{speed.REFERENCE}=single:member=0", "safe (default)=safe"]
+    configs += ["penalised=safe:frequency_penalty=0.5"]
     args = ["--n", "2", "--rounds", "2", "--max-new-tokens", "24", "--out", str(out)]
     speed.main(args + [a for c in configs for a in ("--config", c)])
     data = json.loads((out / "results.json").read_text())
     rows = {r["label"]: r for r in data["rows"]}
-    assert set(rows) == {speed.REFERENCE, "safe (default)"}
+    assert set(rows) == {speed.REFERENCE, "safe (default)", "penalised"}
+    assert data["configurations"]["penalised"] == {"method": "safe", "frequency_penalty": 0.5}
     assert rows[speed.REFERENCE]["x_drafter_min"] == 1.0
     safe = rows["safe (default)"]
     assert len(safe["x_drafter_rounds"]) == 2
@@ -86,7 +88,7 @@ def test_speed_benchmark_measures_ratios_and_breakdowns_side_by_side(tmp_path):
     speed.main(args[:-1] + [str(again), "--compare", str(out / "results.json")]
                + [a for c in configs for a in ("--config", c)])  # fmt: skip
     same = json.loads((again / "results.json").read_text())["same_texts"]
-    assert same == {speed.REFERENCE: [2, 2], "safe (default)": [2, 2]}  # greedy: the same
+    assert same == {label: [2, 2] for label in rows}  # greedy: the same
 
 
 def test_speed_benchmark_takes_prompts_from_a_file_or_says_why_not(tmp_path):

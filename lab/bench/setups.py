@@ -248,7 +248,8 @@ def without_generation(setups: list[Setup]) -> list[Setup]:
         if setup.generation:
             raise InvalidConfigError(
                 f"--config {setup.label!r}: {', '.join(setup.generation)} reach the requests of "
-                "the accuracy, headroom, tool and LangChain-suite benchmarks only; drop it here."
+                "the accuracy, headroom, tool, speed and LangChain-suite benchmarks only; drop it "
+                "here."
             )
     return setups
 

@@ -40,14 +40,7 @@ from core.member import Member
 
 from .phases import PhaseClock, instrumented
 from .report import write_results
-from .setups import (
-    Setup,
-    ensemble_for,
-    jsonl_rows,
-    load_members,
-    parse_setups,
-    without_generation,
-)
+from .setups import Setup, ensemble_for, jsonl_rows, load_members, parse_setups
 
 # Short questions with a one-word or one-number answer (the real pair's prompts).
 QUESTIONS = (
@@ -149,15 +142,18 @@ def _run(ensemble, messages, config) -> tuple[float, float, object]:
     return time.perf_counter() - start, time.process_time() - cpu, out
 
 
-def timed_rounds(ensembles: dict, prompts: Sequence, config, rounds: int, bar=None) -> list[Timed]:
-    """Every prompt under every configuration, in a rotating order, `rounds` times."""
+def timed_rounds(
+    ensembles: dict, prompts: Sequence, configs: dict, rounds: int, bar=None
+) -> list[Timed]:
+    """Every prompt under every configuration (its ensemble and its request settings,
+    `configs[label]`), in a rotating order, `rounds` times."""
     labels = list(ensembles)
     runs: list[Timed] = []
     for r in range(rounds):
         for i, messages in enumerate(prompts):
             turn = (r * len(prompts) + i) % len(labels)
             for label in labels[turn:] + labels[:turn]:
-                seconds, cpu, out = _run(ensembles[label], messages, config)
+                seconds, cpu, out = _run(ensembles[label], messages, configs[label])
                 stats = out.stats
                 runs.append(Timed(label, r, i, seconds, cpu, stats.tokens,
                                   stats.ensembled_tokens, out.text))  # fmt: skip
@@ -318,23 +314,24 @@ def run(
     command: str = "",
     progress: bool = True,
 ) -> dict:
-    config = GenerationConfig(max_new_tokens=max_new_tokens)
+    plain = GenerationConfig(max_new_tokens=max_new_tokens)
+    configs = {s.label: s.config(plain) for s in setups}
     ensembles = {s.label: ensemble_for(members, s, max_concurrency=1) for s in setups}
     if REFERENCE not in ensembles:
         raise InvalidConfigError(f"the configurations need one labelled {REFERENCE!r}.")
-    for ensemble in ensembles.values():  # untimed: lazy tables, first-pass allocations
-        ensemble.generate(prompts[0], config)
+    for label, ensemble in ensembles.items():  # untimed: lazy tables, first-pass allocations
+        ensemble.generate(prompts[0], configs[label])
     load_before = _load()
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=rounds * len(prompts) * len(ensembles), desc="requests")
-    runs = timed_rounds(ensembles, prompts, config, rounds, bar)
+    runs = timed_rounds(ensembles, prompts, configs, rounds, bar)
     if bar is not None:
         bar.close()
     models = {m.name: m.model for m in members if getattr(m, "model", None) is not None}
-    parts = [breakdown(label, e, prompts, config, models) for label, e in ensembles.items()]
+    parts = [breakdown(label, e, prompts, configs[label], models) for label, e in ensembles.items()]
     result = {
         "command": command,
         "prompts": prompt_set,
@@ -342,7 +339,9 @@ def run(
         "max_new_tokens": max_new_tokens,
         "members": [m.name for m in members],
         "rounds": rounds,
-        "configurations": {s.label: {"method": s.method, **s.options} for s in setups},
+        "configurations": {
+            s.label: {"method": s.method, **s.options, **s.generation} for s in setups
+        },
         "load_before": load_before,
         "load_after": _load(),
         "rows": summarise(list(ensembles), runs),
@@ -394,7 +393,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         members = load_members(_real_pair() if args.real else args.model, args.device, args.dtype)
         names = [m.name for m in members]
         setups = parse_setups((), (), len(members), args.config or DEFAULT_CONFIGS, names)
-        setups = without_generation(setups)
         compare = json.loads(Path(args.compare).read_text()) if args.compare else None
         command = "python -m lab.bench.speed " + " ".join(shlex.quote(a) for a in argv)
         run(members=members, setups=setups, prompts=prompts, prompt_set=prompt_set,
