@@ -20,6 +20,7 @@ from .cli_options import (
 from .errors import EnsembleError, InvalidConfigError
 from .methods import DEFAULT_METHOD
 from .options import LOADING, REQUESTS
+from .penalties import SETTINGS as PENALTY_SETTINGS
 from .serve.calibrate import add_command as add_calibrate_command
 from .serve.command import add_command as add_serve_command
 
@@ -126,9 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    for name in ("frequency", "presence"):
+    for name in PENALTY_SETTINGS:
         p.add_argument(
-            f"--{name}-penalty",
+            "--" + name.replace("_", "-"),
             type=float,
             default=0.0,
             help="OpenAI's (-2..2, 0 = none): each member lowers tokens it has already written",

@@ -8,6 +8,8 @@ from typing import Any
 from .errors import InvalidConfigError
 from .events import Event
 from .grammar import Constraint, build_constraint
+from .penalties import LIMIT as PENALTY_LIMIT
+from .penalties import SETTINGS as PENALTY_SETTINGS
 from .penalties import Penalties
 from .tool_calls import InvalidToolCall, ToolCall
 from .tools import ToolSpec, normalize_response_format, normalize_tool_choice, normalize_tools
@@ -68,8 +70,10 @@ class GenerationConfig:
             "grammar": check_bool("grammar", self.grammar),
             "raw_prompt": check_bool("raw_prompt", self.raw_prompt),
             **{
-                name: check_real(name, getattr(self, name), low=-2, high=2, example=0.5)
-                for name in ("frequency_penalty", "presence_penalty")
+                name: check_real(
+                    name, getattr(self, name), low=-PENALTY_LIMIT, high=PENALTY_LIMIT, example=0.5
+                )
+                for name in PENALTY_SETTINGS
             },
         }
         checked["tool_choice"] = normalize_tool_choice(self.tool_choice, checked["tools"])

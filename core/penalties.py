@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+SETTINGS = ("frequency_penalty", "presence_penalty")  # as GenerationConfig and OpenAI name them
+LIMIT = 2  # OpenAI's bound on each, either side of 0
+
 
 @dataclass(frozen=True)
 class Penalties:

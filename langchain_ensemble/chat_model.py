@@ -44,6 +44,7 @@ from core.integration import (
 )
 from core.local import Local
 from core.options import option_values
+from core.penalties import SETTINGS as PENALTY_SETTINGS
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 
@@ -59,8 +60,7 @@ _CALL_SETTINGS = (
     "max_tokens",
     "top_p",
     "seed",
-    "frequency_penalty",
-    "presence_penalty",
+    *PENALTY_SETTINGS,
 )
 # Per-call tool settings (bind_tools, create_agent's response_format), passed to the engine,
 # which checks them; `strict` shapes the tools' schemas as they are converted.

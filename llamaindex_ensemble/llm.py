@@ -60,6 +60,7 @@ from core.integration import (
 )
 from core.local import Local
 from core.options import option_values
+from core.penalties import SETTINGS as PENALTY_SETTINGS
 from core.remote import Remote
 from core.sources import model_sources, public_sources
 from core.tool_calls import ToolCall
@@ -81,8 +82,7 @@ _GENERATION = (
     "top_p",
     "seed",
     "stop",
-    "frequency_penalty",
-    "presence_penalty",
+    *PENALTY_SETTINGS,
 )
 # Per-call tool settings (chat_with_tools, structured_predict), passed to the engine, which
 # checks them; `tool_required=True` is tool_choice "required" unless a tool_choice is given.

@@ -19,6 +19,7 @@ from typing import Any
 
 from core.config import Delta, Output
 from core.events import Event
+from core.penalties import SETTINGS as PENALTY_SETTINGS
 from core.tool_calls import InvalidToolCall, ToolCall
 
 from . import fields
@@ -28,7 +29,7 @@ from .settings import Limits
 
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
-    "n", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+    "n", "logprobs", "top_logprobs", *PENALTY_SETTINGS, "logit_bias",
     "user", "metadata", "store", "service_tier",
 }  # fmt: skip
 CHAT_FIELDS = _COMMON | {

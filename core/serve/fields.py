@@ -12,12 +12,11 @@ from typing import Any
 
 from core.config import GenerationConfig
 from core.errors import InvalidConfigError
+from core.penalties import LIMIT, SETTINGS
 from core.tools import ToolSpec, normalize_response_format, normalize_tool_choice, normalize_tools
 
 from .errors import APIError, bad_request, from_engine, unsupported
 from .settings import Limits
-
-PENALTIES = ("frequency_penalty", "presence_penalty")  # OpenAI's, each in -2..2
 
 
 def type_name(value: Any) -> str:
@@ -242,7 +241,7 @@ def generation_config(
     if top_p == 0:
         raise bad_request("'top_p' is 0; it must be above 0 (1 keeps every token).", "top_p")
     seed = integer(body, "seed", -(2**63), 2**63 - 1)
-    penalties = {name: number(body, name, -2.0, 2.0) for name in PENALTIES}
+    penalties = {name: number(body, name, -float(LIMIT), float(LIMIT)) for name in SETTINGS}
     try:
         return GenerationConfig(
             max_new_tokens=tokens,

@@ -19,6 +19,7 @@ from core.errors import InvalidConfigError
 from core.hf_member import HFMember
 from core.member import Member
 from core.methods import METHOD_NAMES, method_class
+from core.penalties import SETTINGS as PENALTY_SETTINGS
 
 from .answers import answer_checker
 
@@ -151,7 +152,7 @@ def jsonl_rows(path: Path, shape: str) -> Iterator[tuple[str, dict]]:
 
 
 # `--config` keys that are generation settings of every request, not options of the method
-GENERATION_KEYS = ("frequency_penalty", "presence_penalty")
+GENERATION_KEYS = PENALTY_SETTINGS
 CONFIG_HELP = (
     "label=method:key=value,... (the method's options; members=0+1; "
     f"{' and '.join(GENERATION_KEYS)} for its requests)"
